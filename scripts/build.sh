@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Configures and builds Kestrel. Usage: scripts/build.sh [release|sanitize] (default release).
+#   release  -> build/         optimised
+#   sanitize -> build-sanitize/ AddressSanitizer + UndefinedBehaviorSanitizer, -O1 -g
+set -euo pipefail
+cd "$(dirname "$0")/.."
+kind="${1:-release}"
+case "$kind" in
+  release) dir=build; flags=(-DCMAKE_BUILD_TYPE=Release) ;;
+  sanitize) dir=build-sanitize; flags=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DKESTREL_SANITIZE=ON
+                                      "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g") ;;
+  *) echo "usage: $0 [release|sanitize]" >&2; exit 2 ;;
+esac
+cmake -S . -B "$dir" -G Ninja "${flags[@]}" > /dev/null
+cmake --build "$dir" -j "$(nproc)"

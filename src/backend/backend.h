@@ -1,0 +1,148 @@
+// The operations a model forward is written against. One backend per device kind implements all of them
+// (cpu/ now; cuda/ later) so that src/model reads the same whatever runs it. Activations are float32 arrays in the
+// backend's memory, laid out row-major with the token index outermost; shapes are given in the comments as
+// [rows, cols]. Weights arrive as LinearWeight (matrices in their on-disk format) or float32 vectors.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+#include "backend/linear_weight.h"
+#include "engine/paged_rows.h"
+
+namespace kestrel {
+
+// mHC (manifold-constrained hyper-connections) parameters of one sub-block site.
+struct MhcWeights {
+  LinearWeight fn;            // [(2 + hc) * hc, hc * hidden]
+  std::vector<float> base;    // [(2 + hc) * hc]
+  std::vector<float> scale;   // [3]
+};
+
+struct MhcShape {
+  int64_t num_tokens, hc_mult, hidden;
+  float rms_eps, hc_eps;
+  int64_t sinkhorn_iters;
+};
+
+// KDA recurrence inputs for one forward call of one layer (all float32, [T, heads, head_dim] unless noted).
+struct KdaArgs {
+  int64_t num_tokens, num_heads, head_dim;
+  const float* q;      // after conv + SiLU, not yet normalised
+  const float* k;      // after conv + SiLU, not yet normalised
+  const float* v;      // after conv + SiLU
+  const float* g;      // log-decay per key channel, [T, heads, head_dim]
+  const float* beta;   // [T, heads]
+  float* state;        // [heads, head_dim (k), head_dim (v)], read and updated in place
+  float* out;          // [T, heads, head_dim]
+};
+
+// One DSA layer's indexer inputs for T new tokens at positions [start, start + T).
+struct IndexerArgs {
+  int64_t num_tokens, start;
+  int64_t num_heads, head_dim, kpool, topk_pools;
+  bool select_tail;
+  const float* query;    // [T, heads, head_dim] indexer queries (wq_b of q_resid)
+  const float* weights;  // [T, heads] per-head weights, already scaled by heads^-1/2
+  const PagedRows* pooled_keys;  // one row per complete pool of the whole sequence, [pools, head_dim]
+};
+
+// Sparse NoPE MLA attention for T new tokens, computed in the absorbed form over the cached latents.
+struct SparseMlaArgs {
+  int64_t num_tokens, num_heads, qk_head_dim, v_head_dim, kv_lora_rank;
+  float scale;
+  const float* query;                 // [T, heads, qk_head_dim]
+  const LinearWeight* kv_b;           // [heads * (qk_head_dim + v_head_dim), kv_lora_rank]
+  const PagedRows* latents;           // [positions, kv_lora_rank]
+  const std::vector<std::vector<int64_t>>* selected;  // per new token, the attended positions (ascending)
+  float* out;                         // [T, heads, v_head_dim]
+};
+
+struct RouterArgs {
+  int64_t num_tokens, num_experts, top_k, n_group, topk_group;
+  bool norm_topk_prob;
+  float routed_scaling_factor;
+  const float* logits;                // [T, experts] router logits
+  const std::vector<float>* correction_bias;  // [experts]
+  int32_t* expert_ids;                // [T, top_k]
+  float* expert_weights;              // [T, top_k]
+};
+
+struct ExpertWeights {
+  LinearWeight gate, up;  // [intermediate, hidden]
+  LinearWeight down;      // [hidden, intermediate]
+};
+
+struct MoeArgs {
+  int64_t num_tokens, hidden, intermediate, top_k;
+  float swiglu_limit;
+  const float* x;                            // [T, hidden]
+  const std::vector<ExpertWeights>* experts;
+  const int32_t* expert_ids;                 // [T, top_k]
+  const float* expert_weights;               // [T, top_k]
+  float* out;                                // [T, hidden], overwritten
+};
+
+class Backend {
+public:
+  virtual ~Backend() = default;
+  virtual std::string_view name() const = 0;
+
+  // y[T, out] = x[T, in] W^T
+  virtual void linear(const float* x, int64_t num_tokens, const LinearWeight& weight, float* y) = 0;
+  // out[T, hidden] = rows `ids` of the embedding table
+  virtual void embed(const int32_t* ids, int64_t num_tokens, const LinearWeight& table, float* out) = 0;
+  // y = x / sqrt(mean(x^2) + eps) * weight (weight may be null: unweighted), over rows of width n
+  virtual void rms_norm(const float* x, int64_t rows, int64_t n, const float* weight, float eps, float* y) = 0;
+  // y = (x - mean) / sqrt(var + eps) * weight + bias (biased variance)
+  virtual void layer_norm(const float* x, int64_t rows, int64_t n, const float* weight, const float* bias, float eps,
+                          float* y) = 0;
+
+  // mHC pre-mix: from streams [T, hc, hidden] computes post [T, hc], comb [T, hc, hc] (Sinkhorn-normalised) and the
+  // collapsed input [T, hidden] of the sub-block.
+  virtual void mhc_pre(const MhcShape& shape, const MhcWeights& weights, const float* streams, float* post,
+                       float* comb, float* collapsed) = 0;
+  // mHC post-mix in place: streams[t, j] = post[t, j] * block_out[t] + sum_i comb[t, i, j] * streams[t, i].
+  virtual void mhc_post(const MhcShape& shape, const float* post, const float* comb, const float* block_out,
+                        float* streams) = 0;
+
+  // Causal depthwise conv (kernel K) over [T, channels] followed by SiLU; conv_state [K-1, channels] holds the
+  // previous inputs (zeros at sequence start) and is updated to the last K-1 inputs.
+  virtual void causal_conv_silu(const float* x, int64_t num_tokens, int64_t channels, int64_t kernel,
+                                const float* weight, float* conv_state, float* y) = 0;
+  // KDA gated delta rule: the chunked (WY) form for a multi-token call, the recurrent form for one token.
+  virtual void kda_chunked(const KdaArgs& args, int64_t chunk_size) = 0;
+  virtual void kda_recurrent(const KdaArgs& args) = 0;
+
+  // DSA indexer selection: for each new token, the positions it attends to (ascending).
+  virtual void indexer_select(const IndexerArgs& args, std::vector<std::vector<int64_t>>& selected) = 0;
+  virtual void sparse_mla_attention(const SparseMlaArgs& args) = 0;
+
+  // Pooled indexer key of pool `pool`: per channel, softmax over the pool's slots of (gate + ape) weighting the keys.
+  virtual void kpool_compress(const PagedRows& keys, const PagedRows& gates, const float* ape, int64_t pool,
+                              int64_t kpool, float* pooled) = 0;
+
+  virtual void route_experts(const RouterArgs& args) = 0;
+  // out[T, hidden] = sum over each token's experts of weight * down(clamped_swiglu(gate x, up x)).
+  virtual void moe_experts(const MoeArgs& args) = 0;
+  // KDA forget gate, per head h and channel: g = lower_bound * sigmoid(exp(A_log[h]) * (f + dt_bias)) when a lower
+  // bound is set, else -exp(A_log[h]) * softplus(f + dt_bias). f and g are [T, heads, head_dim].
+  virtual void kda_gate(const float* f, int64_t num_tokens, int64_t num_heads, int64_t head_dim, const float* a_log,
+                        const float* dt_bias, const float* lower_bound, float* g) = 0;
+  // y = rms_norm(x; weight, eps) * sigmoid(gate) over rows of width n.
+  virtual void gated_rms_norm(const float* x, const float* gate, int64_t rows, int64_t n, const float* weight,
+                              float eps, float* y) = 0;
+  virtual void sigmoid(float* x, int64_t n) = 0;
+  virtual void scale(float* x, int64_t n, float factor) = 0;
+  // y += x
+  virtual void add(const float* x, int64_t n, float* y) = 0;
+  // out[T, hidden] = mean over the hc streams of streams[T, hc, hidden]
+  virtual void stream_mean(const float* streams, int64_t num_tokens, int64_t hc_mult, int64_t hidden, float* out) = 0;
+  // Each token's input copied into every stream: streams[T, hc, hidden].
+  virtual void stream_expand(const float* x, int64_t num_tokens, int64_t hc_mult, int64_t hidden, float* streams) = 0;
+  // out[T, n] = silu(min(gate, limit)) * clamp(up, -limit, limit).
+  virtual void clamped_swiglu(const float* gate, const float* up, int64_t rows, int64_t n, float limit, float* out) = 0;
+};
+
+}  // namespace kestrel

@@ -1,0 +1,128 @@
+// DeepSeek sparse attention on the CPU: k-pool compression of indexer keys, the lightning indexer's pool selection
+// (deterministic: higher score first, then lower pool index) with the visible tail, and NoPE MLA attention over the
+// selected positions in the absorbed form (queries mapped into the latent space, attention over cached latents).
+// Mirrors transformers' Glm5NextTextIndexer and Glm5NextTextAttention (eager path) in float32.
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <vector>
+
+#include "backend/cpu/cpu_backend.h"
+#include "base/thread_pool.h"
+
+namespace kestrel {
+
+void CpuBackend::kpool_compress(const PagedRows& keys, const PagedRows& gates, const float* ape, int64_t pool,
+                                int64_t kpool, float* pooled) {
+  const int64_t dim = keys.row_width();
+  std::vector<float> logits(static_cast<size_t>(kpool));
+  for (int64_t c = 0; c < dim; ++c) {
+    float max_logit = -INFINITY;
+    for (int64_t s = 0; s < kpool; ++s) {
+      logits[static_cast<size_t>(s)] = gates.row(pool * kpool + s)[c] + ape[s * dim + c];
+      max_logit = std::max(max_logit, logits[static_cast<size_t>(s)]);
+    }
+    float total = 0.0f;
+    for (int64_t s = 0; s < kpool; ++s) {
+      logits[static_cast<size_t>(s)] = std::exp(logits[static_cast<size_t>(s)] - max_logit);
+      total += logits[static_cast<size_t>(s)];
+    }
+    float sum = 0.0f;
+    for (int64_t s = 0; s < kpool; ++s) sum += logits[static_cast<size_t>(s)] / total * keys.row(pool * kpool + s)[c];
+    pooled[c] = sum;
+  }
+}
+
+void CpuBackend::indexer_select(const IndexerArgs& a, std::vector<std::vector<int64_t>>& selected) {
+  selected.assign(static_cast<size_t>(a.num_tokens), {});
+  const int64_t num_pools = a.pooled_keys->size();
+  const float softmax_scale = 1.0f / std::sqrt(static_cast<float>(a.head_dim));
+  ThreadPool::global().parallel_for(a.num_tokens, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores;
+    std::vector<int64_t> order;
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t position = a.start + t;
+      // Pools whose last token the query can see: p * kpool + kpool - 1 <= position.
+      const int64_t visible_pools = std::min(num_pools, (position + 1) / a.kpool);
+      scores.assign(static_cast<size_t>(visible_pools), 0.0f);
+      for (int64_t p = 0; p < visible_pools; ++p) {
+        const float* key = a.pooled_keys->row(p);
+        float score = 0.0f;
+        for (int64_t h = 0; h < a.num_heads; ++h) {
+          const float* q = a.query + (t * a.num_heads + h) * a.head_dim;
+          float dot = 0.0f;
+          for (int64_t c = 0; c < a.head_dim; ++c) dot += q[c] * key[c];
+          score += a.weights[t * a.num_heads + h] * std::max(dot * softmax_scale, 0.0f);
+        }
+        scores[static_cast<size_t>(p)] = score;
+      }
+      order.resize(static_cast<size_t>(visible_pools));
+      std::iota(order.begin(), order.end(), int64_t{0});
+      const int64_t keep = std::min(a.topk_pools, visible_pools);
+      std::partial_sort(order.begin(), order.begin() + keep, order.end(), [&](int64_t x, int64_t y) {
+        const float sx = scores[static_cast<size_t>(x)], sy = scores[static_cast<size_t>(y)];
+        return sx != sy ? sx > sy : x < y;
+      });
+      std::vector<int64_t>& positions = selected[static_cast<size_t>(t)];
+      for (int64_t i = 0; i < keep; ++i) {
+        const int64_t pool = order[static_cast<size_t>(i)];
+        for (int64_t s = 0; s < a.kpool; ++s) positions.push_back(pool * a.kpool + s);
+      }
+      if (a.select_tail) {
+        const int64_t tail = (position + 1) % a.kpool;
+        for (int64_t p = position + 1 - tail; p <= position; ++p) positions.push_back(p);
+      }
+      std::sort(positions.begin(), positions.end());
+    }
+  });
+}
+
+void CpuBackend::sparse_mla_attention(const SparseMlaArgs& a) {
+  const int64_t rank = a.kv_lora_rank, qk = a.qk_head_dim, vd = a.v_head_dim;
+  ThreadPool::global().parallel_for(a.num_heads, [&](int64_t begin, int64_t end) {
+    const auto sz = [](int64_t n) { return static_cast<size_t>(n); };
+    std::vector<float> w_uk(sz(qk * rank)), w_uv(sz(vd * rank)), q_latent(sz(rank)), o_latent(sz(rank)), probs;
+    for (int64_t h = begin; h < end; ++h) {
+      const int64_t first_row = h * (qk + vd);
+      for (int64_t r = 0; r < qk; ++r) dequantize_row(*a.kv_b, first_row + r, &w_uk[sz(r * rank)]);
+      for (int64_t r = 0; r < vd; ++r) dequantize_row(*a.kv_b, first_row + qk + r, &w_uv[sz(r * rank)]);
+      for (int64_t t = 0; t < a.num_tokens; ++t) {
+        const float* q = a.query + (t * a.num_heads + h) * qk;
+        // q_latent = W_UK^T q, so that q . (W_UK c) = q_latent . c.
+        std::fill(q_latent.begin(), q_latent.end(), 0.0f);
+        for (int64_t d = 0; d < qk; ++d) {
+          for (int64_t r = 0; r < rank; ++r) q_latent[sz(r)] += q[d] * w_uk[sz(d * rank + r)];
+        }
+        const std::vector<int64_t>& positions = (*a.selected)[sz(t)];
+        probs.resize(positions.size());
+        float max_score = -INFINITY;
+        for (size_t i = 0; i < positions.size(); ++i) {
+          const float* latent = a.latents->row(positions[i]);
+          float score = 0.0f;
+          for (int64_t r = 0; r < rank; ++r) score += q_latent[sz(r)] * latent[r];
+          probs[i] = score * a.scale;
+          max_score = std::max(max_score, probs[i]);
+        }
+        float total = 0.0f;
+        for (float& p : probs) {
+          p = std::exp(p - max_score);
+          total += p;
+        }
+        std::fill(o_latent.begin(), o_latent.end(), 0.0f);
+        for (size_t i = 0; i < positions.size(); ++i) {
+          const float* latent = a.latents->row(positions[i]);
+          const float p = probs[i] / total;
+          for (int64_t r = 0; r < rank; ++r) o_latent[sz(r)] += p * latent[r];
+        }
+        float* out = a.out + (t * a.num_heads + h) * vd;
+        for (int64_t v = 0; v < vd; ++v) {
+          float sum = 0.0f;
+          for (int64_t r = 0; r < rank; ++r) sum += w_uv[sz(v * rank + r)] * o_latent[sz(r)];
+          out[v] = sum;
+        }
+      }
+    }
+  });
+}
+
+}  // namespace kestrel

@@ -1,0 +1,15 @@
+// The `kestrel` subcommands. Each registers its flags on the CLI11 app and returns the action to run when chosen.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <functional>
+
+namespace kestrel::cli {
+
+using Action = std::function<int()>;
+
+Action add_logits_command(CLI::App& app);
+Action add_run_command(CLI::App& app);
+
+}  // namespace kestrel::cli

@@ -1,0 +1,47 @@
+// `kestrel logits`: the model's float32 logits for a token sequence, written as NumPy .npy [T, vocab]. With --prefill N
+// the first N tokens are one forward and the rest are decoded one at a time through the caches.
+#include <memory>
+
+#include "backend/cpu/cpu_backend.h"
+#include "base/error.h"
+#include "base/npy.h"
+#include "cli/commands.h"
+#include "cli/token_list.h"
+#include "model/glm5_next.h"
+
+namespace kestrel::cli {
+
+Action add_logits_command(CLI::App& app) {
+  struct Options {
+    std::string model, tokens, out;
+    int64_t prefill = 0;
+  };
+  auto options = std::make_shared<Options>();
+  CLI::App* cmd = app.add_subcommand("logits", "Write the logits of a token sequence as .npy [T, vocab]");
+  cmd->add_option("--model", options->model, "Checkpoint directory (config.json + safetensors)")->required();
+  cmd->add_option("--tokens", options->tokens, "Comma-separated token ids, e.g. 5,17,42")->required();
+  cmd->add_option("--prefill", options->prefill,
+                  "Forward the first N tokens at once, then the rest one at a time (default: all at once)");
+  cmd->add_option("--out", options->out, "Output .npy file")->required();
+  return [cmd, options]() -> int {
+    if (!cmd->parsed()) return -1;
+    const std::vector<int32_t> tokens = parse_token_list(options->tokens);
+    const auto T = static_cast<int64_t>(tokens.size());
+    const int64_t prefill = options->prefill == 0 ? T : options->prefill;
+    require(prefill >= 1 && prefill <= T, "--prefill {} must be between 1 and the number of tokens ({})", prefill, T);
+
+    CpuBackend backend;
+    const auto model = Glm5NextModel::load(options->model, backend);
+    const auto sequence = model->new_sequence();
+    const int64_t vocab = model->config().vocab_size;
+    std::vector<float> logits = model->forward(*sequence, std::span(tokens).first(static_cast<size_t>(prefill)));
+    for (int64_t t = prefill; t < T; ++t) {
+      const std::vector<float> step = model->forward(*sequence, std::span(tokens).subspan(static_cast<size_t>(t), 1));
+      logits.insert(logits.end(), step.begin(), step.end());
+    }
+    write_npy_f32(options->out, {T, vocab}, logits.data());
+    return 0;
+  };
+}
+
+}  // namespace kestrel::cli

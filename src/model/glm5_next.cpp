@@ -1,0 +1,247 @@
+// GLM-5.3-Flash forward, top to bottom. Mirrors transformers' Glm5NextTextModel (5.17): embedding copied into hc_mult
+// streams; per layer an mHC site around the token mixer (KDA or NoPE MLA with the DSA indexer) and one around the FFN
+// (dense or MoE); the streams' mean, the final norm and lm_head. Shapes: T new tokens, D hidden.
+#include "model/glm5_next.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "base/error.h"
+#include "base/log.h"
+
+namespace kestrel {
+
+namespace {
+
+using Floats = std::vector<float>;
+
+Floats zeros(int64_t n) { return Floats(static_cast<size_t>(n), 0.0f); }
+
+}  // namespace
+
+std::unique_ptr<Glm5NextModel> Glm5NextModel::load(const std::string& dir, Backend& backend) {
+  Checkpoint checkpoint = Checkpoint::open(dir);
+  Glm5NextConfig config = load_glm5_next_config(checkpoint.config_path());
+  log_info("{}", config.summary());
+  return std::unique_ptr<Glm5NextModel>(new Glm5NextModel(std::move(config), std::move(checkpoint), backend));
+}
+
+Glm5NextModel::Glm5NextModel(Glm5NextConfig config, Checkpoint checkpoint, Backend& backend)
+    : config_(std::move(config)),
+      checkpoint_(std::move(checkpoint)),
+      backend_(backend),
+      weights_(bind_glm5_next_weights(checkpoint_, config_)),
+      pools_(config_) {}
+
+std::unique_ptr<SequenceState> Glm5NextModel::new_sequence() {
+  return std::make_unique<SequenceState>(config_, pools_);
+}
+
+std::vector<float> Glm5NextModel::forward(SequenceState& sequence, std::span<const int32_t> tokens,
+                                          const ForwardOptions& options) {
+  const Glm5NextConfig& c = config_;
+  const auto T = static_cast<int64_t>(tokens.size());
+  const int64_t D = c.hidden_size, hc = c.hc_mult;
+  if (T == 0) return {};
+  for (const int32_t id : tokens) {
+    require(id >= 0 && id < c.vocab_size, "token id {} is outside the vocabulary [0, {})", id, c.vocab_size);
+  }
+  const int64_t start = sequence.num_tokens();
+  const MhcShape mhc{.num_tokens = T,
+                     .hc_mult = hc,
+                     .hidden = D,
+                     .rms_eps = static_cast<float>(c.rms_norm_eps),
+                     .hc_eps = static_cast<float>(c.hc_eps),
+                     .sinkhorn_iters = c.hc_sinkhorn_iters};
+  const auto eps = static_cast<float>(c.rms_norm_eps);
+
+  Floats x = zeros(T * D);            // [T, D] embeddings, then each sub-block's collapsed input
+  Floats streams = zeros(T * hc * D); // [T, hc, D] the residual streams
+  Floats normed = zeros(T * D), block_out = zeros(T * D);
+  Floats post = zeros(T * hc), comb = zeros(T * hc * hc);
+  backend_.embed(tokens.data(), T, weights_.embed_tokens, x.data());
+  backend_.stream_expand(x.data(), T, hc, D, streams.data());
+
+  // The top-k of the last full indexer layer, reused by a following "shared" layer.
+  std::vector<std::vector<int64_t>> selection;
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    const LayerWeights& layer = weights_.layers[static_cast<size_t>(i)];
+
+    backend_.mhc_pre(mhc, layer.attn_hc, streams.data(), post.data(), comb.data(), x.data());
+    backend_.rms_norm(x.data(), T, D, layer.input_norm.data(), eps, normed.data());
+    if (layer.type == LayerType::linear_attention) {
+      kda_block(layer.kda, sequence.kda(i), normed.data(), T, block_out.data());
+    } else {
+      mla_block(layer.mla, sequence.mla(i), start, normed.data(), T, selection, block_out.data());
+    }
+    backend_.mhc_post(mhc, post.data(), comb.data(), block_out.data(), streams.data());
+
+    backend_.mhc_pre(mhc, layer.ffn_hc, streams.data(), post.data(), comb.data(), x.data());
+    backend_.rms_norm(x.data(), T, D, layer.post_attention_norm.data(), eps, normed.data());
+    if (layer.mlp_type == MlpType::dense) {
+      mlp_block(layer.dense, normed.data(), T, block_out.data());
+    } else {
+      moe_block(layer.moe, normed.data(), T, block_out.data());
+    }
+    backend_.mhc_post(mhc, post.data(), comb.data(), block_out.data(), streams.data());
+  }
+  sequence.advance(T);
+
+  // Final collapse is a plain mean of the streams, then the norm and the head.
+  const int64_t rows = options.all_logits ? T : 1;
+  const float* last_streams = streams.data() + (T - rows) * hc * D;
+  backend_.stream_mean(last_streams, rows, hc, D, x.data());
+  backend_.rms_norm(x.data(), rows, D, weights_.final_norm.data(), eps, normed.data());
+  Floats logits = zeros(rows * c.vocab_size);
+  backend_.linear(normed.data(), rows, weights_.lm_head, logits.data());
+  return logits;
+}
+
+void Glm5NextModel::kda_block(const KdaWeights& w, KdaLayerState& state, const float* x, int64_t T, float* out) {
+  const Glm5NextConfig& c = config_;
+  const int64_t H = c.linear_num_heads, Dh = c.linear_head_dim, C = H * Dh, K = c.linear_conv_kernel_dim;
+  Floats q_in = zeros(T * C), k_in = zeros(T * C), v_in = zeros(T * C);
+  Floats q = zeros(T * C), k = zeros(T * C), v = zeros(T * C);
+  backend_.linear(x, T, w.q_proj, q_in.data());
+  backend_.linear(x, T, w.k_proj, k_in.data());
+  backend_.linear(x, T, w.v_proj, v_in.data());
+  float* conv_state = state.conv.data();  // [3, K-1, C]
+  backend_.causal_conv_silu(q_in.data(), T, C, K, w.q_conv.data(), conv_state, q.data());
+  backend_.causal_conv_silu(k_in.data(), T, C, K, w.k_conv.data(), conv_state + (K - 1) * C, k.data());
+  backend_.causal_conv_silu(v_in.data(), T, C, K, w.v_conv.data(), conv_state + 2 * (K - 1) * C, v.data());
+
+  // Forget gate g [T, H, Dh] (log-decay per key channel) and write strength beta [T, H].
+  Floats f_low = zeros(T * Dh), f = zeros(T * C), g = zeros(T * C), beta = zeros(T * H);
+  backend_.linear(x, T, w.f_a_proj, f_low.data());
+  backend_.linear(f_low.data(), T, w.f_b_proj, f.data());
+  const float lower_bound = c.linear_lower_bound ? static_cast<float>(*c.linear_lower_bound) : 0.0f;
+  backend_.kda_gate(f.data(), T, H, Dh, w.a_log.data(), w.dt_bias.data(),
+                    c.linear_lower_bound ? &lower_bound : nullptr, g.data());
+  backend_.linear(x, T, w.b_proj, beta.data());
+  backend_.sigmoid(beta.data(), T * H);
+
+  Floats attended = zeros(T * C);
+  const KdaArgs args{.num_tokens = T, .num_heads = H, .head_dim = Dh, .q = q.data(), .k = k.data(), .v = v.data(),
+                     .g = g.data(), .beta = beta.data(), .state = state.recurrent.data(), .out = attended.data()};
+  if (T == 1) {
+    backend_.kda_recurrent(args);
+  } else {
+    backend_.kda_chunked(args, 64);
+  }
+
+  // Output gate: per-head RMSNorm of the attended values times sigmoid(g_b(g_a(x))), then o_proj.
+  Floats gate_low = zeros(T * Dh), gate = zeros(T * C), gated = zeros(T * C);
+  backend_.linear(x, T, w.g_a_proj, gate_low.data());
+  backend_.linear(gate_low.data(), T, w.g_b_proj, gate.data());
+  backend_.gated_rms_norm(attended.data(), gate.data(), T * H, Dh, w.o_norm.data(), static_cast<float>(c.rms_norm_eps),
+                          gated.data());
+  backend_.linear(gated.data(), T, w.o_proj, out);
+}
+
+void Glm5NextModel::mla_block(const MlaWeights& w, MlaLayerState& state, int64_t start, const float* x, int64_t T,
+                              std::vector<std::vector<int64_t>>& selection, float* out) {
+  const Glm5NextConfig& c = config_;
+  const int64_t H = c.num_attention_heads, rank = c.kv_lora_rank;
+  const auto eps = static_cast<float>(c.rms_norm_eps);
+
+  Floats q_low = zeros(T * c.q_lora_rank), q_resid = zeros(T * c.q_lora_rank), query = zeros(T * H * c.qk_head_dim);
+  backend_.linear(x, T, w.q_a_proj, q_low.data());
+  backend_.rms_norm(q_low.data(), T, c.q_lora_rank, w.q_a_norm.data(), eps, q_resid.data());
+  backend_.linear(q_resid.data(), T, w.q_b_proj, query.data());
+
+  // The cached latent: c = RMSNorm(kv_a_proj x), one row of kv_lora_rank per token.
+  Floats kv_low = zeros(T * rank);
+  backend_.linear(x, T, w.kv_a_proj, kv_low.data());
+  for (int64_t t = 0; t < T; ++t) {
+    backend_.rms_norm(kv_low.data() + t * rank, 1, rank, w.kv_a_norm.data(), eps, state.latents.append());
+  }
+
+  if (w.indexer) {
+    const IndexerWeights& ix = *w.indexer;
+    const int64_t IH = c.index_n_heads, dim = c.index_head_dim;
+    Floats keys = zeros(T * dim), gates = zeros(T * dim), iq = zeros(T * IH * dim), iw = zeros(T * IH);
+    backend_.linear(x, T, ix.wk, keys.data());
+    backend_.linear(x, T, ix.compress_gate, gates.data());
+    for (int64_t t = 0; t < T; ++t) {
+      backend_.layer_norm(keys.data() + t * dim, 1, dim, ix.k_norm_weight.data(), ix.k_norm_bias.data(), 1e-6f,
+                          state.index_keys.append());
+      std::copy_n(gates.data() + t * dim, dim, state.index_gates.append());
+    }
+    // Pools completed by these tokens are compressed once and kept.
+    for (int64_t pool = state.pooled_keys.size(); (pool + 1) * c.index_kpool <= start + T; ++pool) {
+      backend_.kpool_compress(state.index_keys, state.index_gates, ix.compress_ape.data(), pool, c.index_kpool,
+                              state.pooled_keys.append());
+    }
+    backend_.linear(q_resid.data(), T, ix.wq_b, iq.data());
+    backend_.linear(x, T, ix.weights_proj, iw.data());
+    backend_.scale(iw.data(), T * IH, 1.0f / std::sqrt(static_cast<float>(IH)));
+    const IndexerArgs args{.num_tokens = T,
+                           .start = start,
+                           .num_heads = IH,
+                           .head_dim = dim,
+                           .kpool = c.index_kpool,
+                           .topk_pools = c.index_topk / c.index_kpool,
+                           .select_tail = c.index_kpool_always_select_tail && c.index_kpool > 1,
+                           .query = iq.data(),
+                           .weights = iw.data(),
+                           .pooled_keys = &state.pooled_keys};
+    backend_.indexer_select(args, selection);
+  }
+
+  Floats attended = zeros(T * H * c.v_head_dim);
+  backend_.sparse_mla_attention(SparseMlaArgs{.num_tokens = T,
+                                              .num_heads = H,
+                                              .qk_head_dim = c.qk_head_dim,
+                                              .v_head_dim = c.v_head_dim,
+                                              .kv_lora_rank = rank,
+                                              .scale = 1.0f / std::sqrt(static_cast<float>(c.qk_head_dim)),
+                                              .query = query.data(),
+                                              .kv_b = &w.kv_b_proj,
+                                              .latents = &state.latents,
+                                              .selected = &selection,
+                                              .out = attended.data()});
+  backend_.linear(attended.data(), T, w.o_proj, out);
+}
+
+void Glm5NextModel::mlp_block(const MlpWeights& w, const float* x, int64_t T, float* out) {
+  const int64_t I = w.gate_proj.out_features;
+  Floats gate = zeros(T * I), up = zeros(T * I), hidden = zeros(T * I);
+  backend_.linear(x, T, w.gate_proj, gate.data());
+  backend_.linear(x, T, w.up_proj, up.data());
+  backend_.clamped_swiglu(gate.data(), up.data(), T, I, static_cast<float>(config_.swiglu_limit), hidden.data());
+  backend_.linear(hidden.data(), T, w.down_proj, out);
+}
+
+void Glm5NextModel::moe_block(const MoeWeights& w, const float* x, int64_t T, float* out) {
+  const Glm5NextConfig& c = config_;
+  const int64_t E = c.n_routed_experts, k = c.num_experts_per_tok, D = c.hidden_size;
+  Floats router_logits = zeros(T * E), expert_weights = zeros(T * k);
+  std::vector<int32_t> expert_ids(static_cast<size_t>(T * k));
+  backend_.linear(x, T, w.router, router_logits.data());
+  backend_.route_experts(RouterArgs{.num_tokens = T,
+                                    .num_experts = E,
+                                    .top_k = k,
+                                    .n_group = c.n_group,
+                                    .topk_group = c.topk_group,
+                                    .norm_topk_prob = c.norm_topk_prob,
+                                    .routed_scaling_factor = static_cast<float>(c.routed_scaling_factor),
+                                    .logits = router_logits.data(),
+                                    .correction_bias = &w.correction_bias,
+                                    .expert_ids = expert_ids.data(),
+                                    .expert_weights = expert_weights.data()});
+  backend_.moe_experts(MoeArgs{.num_tokens = T,
+                               .hidden = D,
+                               .intermediate = c.moe_intermediate_size,
+                               .top_k = k,
+                               .swiglu_limit = static_cast<float>(c.swiglu_limit),
+                               .x = x,
+                               .experts = &w.experts,
+                               .expert_ids = expert_ids.data(),
+                               .expert_weights = expert_weights.data(),
+                               .out = out});
+  Floats shared = zeros(T * D);
+  mlp_block(w.shared, x, T, shared.data());
+  backend_.add(shared.data(), T * D, out);
+}
+
+}  // namespace kestrel

@@ -1,0 +1,57 @@
+// The GLM-5.3-Flash (`glm5_next`) text model: loads a checkpoint directory and runs the forward pass on a backend.
+// forward() appends tokens to a sequence: a multi-token call is a prefill (KDA in chunked form), a one-token call a
+// decode step (KDA recurrent form); both read and extend the sequence's caches, so any split of a sequence into calls
+// yields the same logits as one call over the whole sequence.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "formats/checkpoint.h"
+#include "formats/glm5_next_config.h"
+#include "model/glm5_next_weights.h"
+#include "model/sequence_state.h"
+
+namespace kestrel {
+
+struct ForwardOptions {
+  bool all_logits = true;  // logits for every new token, else only for the last one
+};
+
+class Glm5NextModel {
+public:
+  // Reads config.json and the weights of `dir`; throws Error naming the file and tensor on any problem.
+  static std::unique_ptr<Glm5NextModel> load(const std::string& dir, Backend& backend);
+
+  const Glm5NextConfig& config() const { return config_; }
+  const Glm5NextWeights& weights() const { return weights_; }
+
+  std::unique_ptr<SequenceState> new_sequence();
+
+  // Runs `tokens` through the model after the sequence's current contents and returns their logits,
+  // [T, vocab] (or [1, vocab] with all_logits = false). Token ids outside [0, vocab) are an Error.
+  std::vector<float> forward(SequenceState& sequence, std::span<const int32_t> tokens,
+                             const ForwardOptions& options = {});
+
+private:
+  Glm5NextModel(Glm5NextConfig config, Checkpoint checkpoint, Backend& backend);
+
+  // Each block reads the normalised sub-block input x [T, hidden] and writes its output [T, hidden].
+  void kda_block(const KdaWeights& w, KdaLayerState& state, const float* x, int64_t T, float* out);
+  void mla_block(const MlaWeights& w, MlaLayerState& state, int64_t start, const float* x, int64_t T,
+                 std::vector<std::vector<int64_t>>& selection, float* out);
+  void mlp_block(const MlpWeights& w, const float* x, int64_t T, float* out);
+  void moe_block(const MoeWeights& w, const float* x, int64_t T, float* out);
+
+  Glm5NextConfig config_;
+  Checkpoint checkpoint_;  // owns the mappings the weights point into
+  Backend& backend_;
+  Glm5NextWeights weights_;
+  CachePools pools_;
+};
+
+}  // namespace kestrel
