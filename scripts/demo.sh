@@ -5,4 +5,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 scripts/build.sh release
-exec build/kestrel run --model tests/data/golden/f32_hc4_kp4 --tokens 1,2,3,4,5 --max-tokens 16 "$@"
+exec build/kestrel run --model tests/data/golden/f32_hc4_kp4_shared_vision --tokens 1,2,3,4,5 --max-tokens 16 "$@"

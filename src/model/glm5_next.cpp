@@ -188,6 +188,8 @@ void Glm5NextModel::mla_block(const MlaWeights& w, MlaLayerState& state, int64_t
     backend_.indexer_select(args, selection);
   }
 
+  // A shared layer reuses the selection of the full layer before it (config validation guarantees there is one).
+  require(static_cast<int64_t>(selection.size()) == T, "DSA layer has no token selection for {} tokens", T);
   Floats attended = zeros(T * H * c.v_head_dim);
   backend_.sparse_mla_attention(SparseMlaArgs{.num_tokens = T,
                                               .num_heads = H,

@@ -18,6 +18,10 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// Every fixture's reference is transformers' float32 forward on the weights exactly as stored (bf16 upcast, fp8
+// dequantised), so one bound serves all weight formats. Measured worst case: see docs/VALIDATION.md.
+constexpr double kTolerance = 1e-3;
+
 std::vector<std::string> golden_fixtures() {
   std::vector<std::string> names;
   const fs::path root = fs::path(KESTREL_TEST_DATA) / "golden";
@@ -44,7 +48,7 @@ Fixture read_fixture(const std::string& name) {
   const auto meta = nlohmann::json::parse(in);
   fixture.tokens = meta.at("tokens").get<std::vector<int32_t>>();
   fixture.prefill = meta.at("prefill").get<int64_t>();
-  fixture.tolerance = meta.value("tolerance", 1e-3);
+  fixture.tolerance = kTolerance;
   return fixture;
 }
 
@@ -114,7 +118,7 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, GoldenTest, ::testing::ValuesIn(golden_fixtur
                          [](const auto& param_info) { return param_info.param; });
 GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(GoldenTest);
 
-TEST(GoldenFixtures, ArePresent) { EXPECT_GE(golden_fixtures().size(), 6u) << "tests/data/golden is missing fixtures"; }
+TEST(GoldenFixtures, ArePresent) { EXPECT_GE(golden_fixtures().size(), 5u) << "tests/data/golden is missing fixtures"; }
 
 }  // namespace
 }  // namespace kestrel
