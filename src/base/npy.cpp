@@ -4,12 +4,24 @@
 #include <cstring>
 #include <fstream>
 #include <numeric>
-#include <regex>
 
 #include "base/error.h"
 #include "base/mapped_file.h"
 
 namespace kestrel {
+
+namespace {
+
+// The string in single quotes after `key` in a .npy header dict.
+std::string quoted_value_after(const std::string& header, const std::string& key, const std::string& path) {
+  const size_t at = header.find(key);
+  const size_t open = at == std::string::npos ? at : header.find('\'', at + key.size());
+  const size_t close = open == std::string::npos ? open : header.find('\'', open + 1);
+  require(close != std::string::npos, "{}: .npy header has no {}", path, key);
+  return header.substr(open + 1, close - open - 1);
+}
+
+}  // namespace
 
 void write_npy_f32(const std::string& path, const std::vector<int64_t>& shape, const float* data) {
   std::string dims;
@@ -49,24 +61,28 @@ NpyArray read_npy(const std::string& path) {
   }
   require(offset + header_len <= file.size(), "{}: truncated .npy header", path);
   const std::string header(bytes + offset, header_len);
-  std::smatch match;
-  require(std::regex_search(header, match, std::regex("'descr':\\s*'([^']*)'")), "{}: .npy header has no descr",
-          path);
-  const std::string descr = match[1];
+  const std::string descr = quoted_value_after(header, "'descr':", path);
   require(descr == "<f4" || descr == "<i4", "{}: unsupported .npy dtype {}", path, descr);
   require(header.find("'fortran_order': False") != std::string::npos, "{}: Fortran-order .npy not supported", path);
-  require(std::regex_search(header, match, std::regex("'shape':\\s*\\(([^)]*)\\)")), "{}: .npy header has no shape",
-          path);
+  const size_t shape_key = header.find("'shape':");
+  const size_t open = header.find('(', shape_key);
+  const size_t close = header.find(')', open);
+  require(shape_key != std::string::npos && open != std::string::npos && close != std::string::npos,
+          "{}: .npy header has no shape", path);
   NpyArray array;
-  const std::string dims = match[1];
-  const std::regex number("\\d+");
+  const std::string dims = header.substr(open + 1, close - open - 1);
   int64_t count = 1;
-  for (auto it = std::sregex_iterator(dims.begin(), dims.end(), number); it != std::sregex_iterator(); ++it) {
-    const std::string digits = it->str();
+  for (size_t pos = 0; pos < dims.size();) {
+    const size_t comma = std::min(dims.find(',', pos), dims.size());
+    std::string digits = dims.substr(pos, comma - pos);
+    pos = comma + 1;
+    digits.erase(0, digits.find_first_not_of(' '));
+    digits.erase(digits.find_last_not_of(' ') + 1);
+    if (digits.empty()) continue;  // the trailing comma of a 1-tuple
     int64_t dim = 0;
     const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), dim);
-    require(ec == std::errc() && end == digits.data() + digits.size(), "{}: .npy dimension {} is too large", path,
-            digits);
+    require(ec == std::errc() && end == digits.data() + digits.size() && dim >= 0,
+            "{}: .npy dimension '{}' is not a valid size", path, digits);
     // The data must fit in the file, so a valid count is far below 2^60; this also rules out overflow below.
     require(dim == 0 || count <= (int64_t{1} << 60) / dim, "{}: .npy shape is too large", path);
     count *= dim;

@@ -1,6 +1,7 @@
 // `kestrel logits`: the model's float32 logits for a token sequence, written as NumPy .npy [T, vocab]. With --prefill N
 // the first N tokens are one forward and the rest are decoded one at a time through the caches.
 #include <memory>
+#include <optional>
 
 #include "backend/cpu/cpu_backend.h"
 #include "base/error.h"
@@ -14,7 +15,7 @@ namespace kestrel::cli {
 Action add_logits_command(CLI::App& app) {
   struct Options {
     std::string model, tokens, out;
-    int64_t prefill = 0;
+    std::optional<int64_t> prefill;
   };
   auto options = std::make_shared<Options>();
   CLI::App* cmd = app.add_subcommand("logits", "Write the logits of a token sequence as .npy [T, vocab]");
@@ -27,7 +28,7 @@ Action add_logits_command(CLI::App& app) {
     if (!cmd->parsed()) return -1;
     const std::vector<int32_t> tokens = parse_token_list(options->tokens);
     const auto T = static_cast<int64_t>(tokens.size());
-    const int64_t prefill = options->prefill == 0 ? T : options->prefill;
+    const int64_t prefill = options->prefill.value_or(T);
     require(prefill >= 1 && prefill <= T, "--prefill {} must be between 1 and the number of tokens ({})", prefill, T);
 
     CpuBackend backend;

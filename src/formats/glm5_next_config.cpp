@@ -363,8 +363,9 @@ void validate(const FieldReader& text, const Glm5NextConfig& config) {
     }
     const bool previous_is_full_dsa = i > 0 && config.layer_types[i - 1] == LayerType::sparse_attention &&
                                       config.indexer_types[i - 1] == IndexerType::full;
-    text.require_field(previous_is_full_dsa, fmt::format("indexer_types[{}]", i),
-                       "is 'shared' but layer {} is not a full DSA layer", static_cast<int64_t>(i) - 1);
+    text.require_field(previous_is_full_dsa, fmt::format("indexer_types[{}]", i), "is 'shared' but {}",
+                       i == 0 ? std::string("layer 0 has no previous layer to share with")
+                              : fmt::format("layer {} is not a full DSA layer", i - 1));
   }
 }
 

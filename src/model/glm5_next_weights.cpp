@@ -55,6 +55,7 @@ public:
         fail("{}: tensor '{}' is F8_E4M3 but {} has no fp8 quantization_config with weight_block_size", *view.path,
              name, config_.source);
       }
+      if (!has(scale_name)) fail("{}: tensor '{}' is F8_E4M3 but its block scale '{}' is missing", *view.path, name, scale_name);
       const TensorView& scale = tensor(scale_name);
       expect_shape(scale, {(rows + block_rows_ - 1) / block_rows_, (cols + block_cols_ - 1) / block_cols_});
       if (scale.dtype != DType::f32 && scale.dtype != DType::bf16) {

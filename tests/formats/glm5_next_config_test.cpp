@@ -647,7 +647,7 @@ TEST(Glm5NextConfigErrorTest, SharedIndexerAfterKdaLayer) {
 TEST(Glm5NextConfigErrorTest, SharedIndexerOnFirstLayer) {
   json config = small_config(2);
   config["indexer_types"] = {"shared", "full"};
-  expect_invalid(config, "indexer_types[0]", {"is 'shared' but layer -1 is not a full DSA layer"});
+  expect_invalid(config, "indexer_types[0]", {"is 'shared' but layer 0 has no previous layer to share with"});
 }
 
 TEST(Glm5NextConfigErrorTest, SharedIndexerAfterSharedLayer) {

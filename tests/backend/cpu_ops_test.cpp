@@ -1,0 +1,181 @@
+// CPU backend ops against direct float64 references and against each other: weight formats in linear, the two KDA
+// forms, and the deterministic tie-breaking of the indexer and the router.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "backend/cpu/cpu_backend.h"
+#include "base/numeric.h"
+
+namespace kestrel {
+namespace {
+
+std::vector<float> random_values(size_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, scale);
+  std::vector<float> values(n);
+  for (float& v : values) v = normal(rng);
+  return values;
+}
+
+// Stores `values` [rows, cols] in `dtype` (fp8: e4m3 codes chosen by rounding, with per-block scales) and returns the
+// weight plus the exact float values it represents.
+struct StoredMatrix {
+  std::vector<std::byte> data, scale;
+  std::vector<double> exact;
+  LinearWeight weight;
+};
+
+uint8_t nearest_fp8_code(float value) {
+  uint8_t best = 0;
+  float best_error = INFINITY;
+  for (int code = 0; code < 256; ++code) {
+    const float decoded = fp8_e4m3_to_f32(static_cast<uint8_t>(code));
+    if (!std::isnan(decoded) && std::fabs(decoded - value) < best_error) {
+      best_error = std::fabs(decoded - value);
+      best = static_cast<uint8_t>(code);
+    }
+  }
+  return best;
+}
+
+StoredMatrix store(const std::vector<float>& values, int64_t rows, int64_t cols, DType dtype, int64_t block = 128) {
+  StoredMatrix m;
+  m.exact.resize(values.size());
+  m.weight = LinearWeight{.name = "w", .dtype = dtype, .out_features = rows, .in_features = cols};
+  const size_t n = values.size();
+  if (dtype == DType::f32) {
+    m.data.resize(n * 4);
+    std::memcpy(m.data.data(), values.data(), n * 4);
+    for (size_t i = 0; i < n; ++i) m.exact[i] = values[i];
+  } else if (dtype == DType::bf16 || dtype == DType::f16) {
+    m.data.resize(n * 2);
+    for (size_t i = 0; i < n; ++i) {
+      const uint16_t bits = dtype == DType::bf16 ? f32_to_bf16(values[i]) : f32_to_f16(values[i]);
+      std::memcpy(m.data.data() + i * 2, &bits, 2);
+      m.exact[i] = dtype == DType::bf16 ? bf16_to_f32(bits) : f16_to_f32(bits);
+    }
+  } else {
+    const int64_t scale_rows = (rows + block - 1) / block, scale_cols = (cols + block - 1) / block;
+    std::vector<float> scales(static_cast<size_t>(scale_rows * scale_cols));
+    for (size_t i = 0; i < scales.size(); ++i) scales[i] = 0.01f * static_cast<float>(i + 1);
+    m.scale.resize(scales.size() * 4);
+    std::memcpy(m.scale.data(), scales.data(), m.scale.size());
+    m.data.resize(n);
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < cols; ++c) {
+        const auto i = static_cast<size_t>(r * cols + c);
+        const float s = scales[static_cast<size_t>((r / block) * scale_cols + c / block)];
+        const uint8_t code = nearest_fp8_code(values[i] / s);
+        m.data[i] = static_cast<std::byte>(code);
+        m.exact[i] = static_cast<double>(fp8_e4m3_to_f32(code)) * s;
+      }
+    }
+    m.weight.scale = m.scale.data();
+    m.weight.scale_dtype = DType::f32;
+    m.weight.block_rows = block;
+    m.weight.block_cols = block;
+  }
+  m.weight.data = m.data.data();
+  return m;
+}
+
+class LinearFormatTest : public ::testing::TestWithParam<DType> {};
+
+TEST_P(LinearFormatTest, MatchesFloat64ProductOfStoredValues) {
+  // 200 x 300 with 128 x 128 fp8 blocks: ragged blocks on both edges.
+  const int64_t rows = 200, cols = 300, tokens = 3;
+  const StoredMatrix m = store(random_values(static_cast<size_t>(rows * cols), 1, 0.05f), rows, cols, GetParam());
+  const std::vector<float> x = random_values(static_cast<size_t>(tokens * cols), 2);
+  std::vector<float> y(static_cast<size_t>(tokens * rows));
+  CpuBackend backend;
+  backend.linear(x.data(), tokens, m.weight, y.data());
+  for (int64_t t = 0; t < tokens; ++t) {
+    for (int64_t r = 0; r < rows; ++r) {
+      double expected = 0.0;
+      for (int64_t c = 0; c < cols; ++c) expected += m.exact[static_cast<size_t>(r * cols + c)] * x[static_cast<size_t>(t * cols + c)];
+      ASSERT_NEAR(y[static_cast<size_t>(t * rows + r)], expected, 1e-4 * (1.0 + std::fabs(expected))) << t << "," << r;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Formats, LinearFormatTest,
+                         ::testing::Values(DType::f32, DType::bf16, DType::f16, DType::f8_e4m3),
+                         [](const auto& param_info) { return std::string(dtype_name(param_info.param)); });
+
+TEST(KdaTest, ChunkedFormEqualsRecurrentForm) {
+  const int64_t T = 150, H = 3, D = 16;  // 3 chunks of 64, the last partial
+  const auto n = static_cast<size_t>(T * H * D);
+  const std::vector<float> q = random_values(n, 3), k = random_values(n, 4), v = random_values(n, 5);
+  std::vector<float> g = random_values(n, 6, 0.5f), beta = random_values(static_cast<size_t>(T * H), 7);
+  for (float& value : g) value = -std::fabs(value);
+  for (float& value : beta) value = 1.0f / (1.0f + std::exp(-value));
+  const std::vector<float> initial = random_values(static_cast<size_t>(H * D * D), 8, 0.1f);
+  std::vector<float> state_chunked = initial, state_recurrent = initial, out_chunked(n), out_recurrent(n);
+  CpuBackend backend;
+  KdaArgs args{.num_tokens = T, .num_heads = H, .head_dim = D, .q = q.data(), .k = k.data(), .v = v.data(),
+               .g = g.data(), .beta = beta.data(), .state = state_chunked.data(), .out = out_chunked.data()};
+  backend.kda_chunked(args, 64);
+  args.state = state_recurrent.data();
+  args.out = out_recurrent.data();
+  backend.kda_recurrent(args);
+  for (size_t i = 0; i < n; ++i) ASSERT_NEAR(out_chunked[i], out_recurrent[i], 1e-4) << i;
+  for (size_t i = 0; i < initial.size(); ++i) ASSERT_NEAR(state_chunked[i], state_recurrent[i], 1e-4) << i;
+}
+
+TEST(IndexerTest, EqualScoresSelectLowerPoolsThenTail) {
+  const int64_t dim = 4, kpool = 4, pools = 10;
+  RowBlockPool pool(dim, 16);
+  PagedRows pooled(pool);
+  for (int64_t p = 0; p < pools; ++p) std::fill_n(pooled.append(), dim, 1.0f);  // every pool scores the same
+  const std::vector<float> query(static_cast<size_t>(2 * dim), 1.0f), weights(2, 1.0f);
+  std::vector<std::vector<int64_t>> selected;
+  CpuBackend backend;
+  backend.indexer_select(IndexerArgs{.num_tokens = 1, .start = 41, .num_heads = 2, .head_dim = dim, .kpool = kpool,
+                                     .topk_pools = 3, .select_tail = true, .query = query.data(),
+                                     .weights = weights.data(), .pooled_keys = &pooled},
+                         selected);
+  // Pools 0..2 win the tie; position 41 has the incomplete pool [40, 41] as its tail.
+  EXPECT_EQ(selected.at(0), (std::vector<int64_t>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 40, 41}));
+}
+
+TEST(IndexerTest, QueryNeverSeesPoolsEndingAfterIt) {
+  const int64_t dim = 2, kpool = 4;
+  RowBlockPool pool(dim, 16);
+  PagedRows pooled(pool);
+  for (int64_t p = 0; p < 3; ++p) {
+    float* row = pooled.append();
+    row[0] = static_cast<float>(p + 1);  // later pools score higher
+    row[1] = 0.0f;
+  }
+  const std::vector<float> query = {1.0f, 0.0f}, weights = {1.0f};
+  std::vector<std::vector<int64_t>> selected;
+  CpuBackend backend;
+  // Position 6: pool 1 ends at 7 (not visible), so pool 0 and the tail [4, 6].
+  backend.indexer_select(IndexerArgs{.num_tokens = 1, .start = 6, .num_heads = 1, .head_dim = dim, .kpool = kpool,
+                                     .topk_pools = 2, .select_tail = true, .query = query.data(),
+                                     .weights = weights.data(), .pooled_keys = &pooled},
+                         selected);
+  EXPECT_EQ(selected.at(0), (std::vector<int64_t>{0, 1, 2, 3, 4, 5, 6}));
+}
+
+TEST(RouterTest, TiesGoToLowerExpertAndWeightsUseUnbiasedScores) {
+  const std::vector<float> logits = {0.0f, 1.0f, 1.0f, 1.0f};
+  const std::vector<float> bias = {2.0f, 0.0f, 0.0f, 0.0f};
+  std::vector<int32_t> ids(2);
+  std::vector<float> weights(2);
+  CpuBackend backend;
+  backend.route_experts(RouterArgs{.num_tokens = 1, .num_experts = 4, .top_k = 2, .n_group = 1, .topk_group = 1,
+                                   .norm_topk_prob = true, .routed_scaling_factor = 2.5f, .logits = logits.data(),
+                                   .correction_bias = &bias, .expert_ids = ids.data(),
+                                   .expert_weights = weights.data()});
+  EXPECT_EQ(ids, (std::vector<int32_t>{0, 1}));  // bias lifts expert 0; experts 1..3 tie, 1 wins
+  const double s0 = 0.5, s1 = 1.0 / (1.0 + std::exp(-1.0));
+  EXPECT_NEAR(weights[0], s0 / (s0 + s1) * 2.5, 1e-6);
+  EXPECT_NEAR(weights[1], s1 / (s0 + s1) * 2.5, 1e-6);
+}
+
+}  // namespace
+}  // namespace kestrel
