@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Sets up, builds and runs the whole test suite: once in an optimised build and once under AddressSanitizer +
-# UndefinedBehaviorSanitizer. Usage: scripts/test.sh [release|sanitize|all] (default all).
+# UndefinedBehaviorSanitizer, then (for "all") bounded fuzzing with scripts/fuzz.sh. Usage: scripts/test.sh [release|sanitize|all] (default all).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
@@ -13,3 +13,7 @@ for kind in "${kinds[@]}"; do
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     ctest --test-dir "$dir" --output-on-failure -j "$(nproc)"
 done
+# Bounded fuzzing of the parsers that take untrusted input (tokenizer, templates), when targets exist.
+if [ "${1:-all}" = all ] && compgen -G "tests/fuzz/*_fuzz.cpp" > /dev/null; then
+  scripts/fuzz.sh "${KESTREL_FUZZ_SECONDS:-60}"
+fi
