@@ -11,5 +11,8 @@ using Action = std::function<int()>;
 
 Action add_logits_command(CLI::App& app);
 Action add_run_command(CLI::App& app);
+Action add_render_command(CLI::App& app);
+Action add_tokenize_command(CLI::App& app);
+Action add_detokenize_command(CLI::App& app);
 
 }  // namespace kestrel::cli

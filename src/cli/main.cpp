@@ -10,7 +10,10 @@
 int main(int argc, char** argv) {
   CLI::App app{"Kestrel: a native inference server for GLM-5.3-Flash"};
   app.require_subcommand(1);
-  const kestrel::cli::Action actions[] = {kestrel::cli::add_logits_command(app), kestrel::cli::add_run_command(app)};
+  const kestrel::cli::Action actions[] = {kestrel::cli::add_logits_command(app), kestrel::cli::add_run_command(app),
+                                            kestrel::cli::add_render_command(app),
+                                            kestrel::cli::add_tokenize_command(app),
+                                            kestrel::cli::add_detokenize_command(app)};
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
