@@ -1,15 +1,31 @@
 // A weight matrix as stored in the checkpoint, used by every linear layer: W is row-major [out_features,
-// in_features] and a linear computes y = W x. The elements stay in their on-disk format (f32, f16, bf16, or fp8 e4m3
-// with block scales) and are converted inside the kernels, so a checkpoint is never expanded in memory.
+// in_features] and a linear computes y = W x. The elements stay in their on-disk format (f32, f16, bf16, fp8 e4m3
+// with block scales, or EXL3 trellises) and are converted inside the kernels, so a checkpoint is never expanded in
+// memory.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "formats/dtype.h"
+#include "formats/exl3_codec.h"
 
 namespace kestrel {
+
+// An EXL3 matrix (exllamav3's format, shared/docs/exl3-format.md §1-2). It is stored transposed and padded: the
+// effective weight is E = diag(suh) · Hk · Ŵ · Hn · diag(svh), [in_padded, out_padded], and W[o][i] = E[i][o] for
+// o < out_features, i < in_features; inputs are zero-extended to in_padded and outputs past out_features dropped.
+// Pointers are into the checkpoint mapping and may be unaligned.
+struct Exl3Matrix {
+  const std::byte* trellis = nullptr;  // int16 [in_padded / 16, out_padded / 16, 16 * bits], tiles row-major
+  const std::byte* suh = nullptr;      // fp16 [in_padded]
+  const std::byte* svh = nullptr;      // fp16 [out_padded]
+  int bits = 0;                        // K in 1..8: trellis.shape[-1] / 16
+  exl3::Codebook codebook = exl3::Codebook::inst3;
+  int64_t in_padded = 0, out_padded = 0;  // in_features, out_features rounded up to a multiple of 128
+};
 
 struct LinearWeight {
   std::string name;  // checkpoint name, for messages
@@ -25,10 +41,17 @@ struct LinearWeight {
   int64_t block_rows = 0;
   int64_t block_cols = 0;
 
+  // EXL3 only: set for an EXL3 matrix, which then has dtype I16 and `data` == exl3->trellis.
+  std::optional<Exl3Matrix> exl3 = std::nullopt;
+
   bool valid() const { return data != nullptr; }
 };
 
-// Writes row `row` of W, dequantised to float32, into out[in_features].
+// Writes row `row` of W, dequantised to float32, into out[in_features]. EXL3 rows are slow (a k x 128 slice is
+// decoded per row): fine for embeddings, tests and tools; the backends' linear ops have EXL3 paths of their own.
 void dequantize_row(const LinearWeight& weight, int64_t row, float* out);
+
+// Decodes tile (a, b) of an EXL3 matrix's rotated weight Ŵ (rows 16a.., columns 16b..) to float, row-major 16 x 16.
+void decode_exl3_tile(const Exl3Matrix& matrix, int64_t a, int64_t b, float* tile);
 
 }  // namespace kestrel

@@ -7,6 +7,7 @@
 
 #include "base/error.h"
 #include "base/mapped_file.h"
+#include "base/numeric.h"
 
 namespace kestrel {
 
@@ -62,7 +63,8 @@ NpyArray read_npy(const std::string& path) {
   require(offset + header_len <= file.size(), "{}: truncated .npy header", path);
   const std::string header(bytes + offset, header_len);
   const std::string descr = quoted_value_after(header, "'descr':", path);
-  require(descr == "<f4" || descr == "<i4", "{}: unsupported .npy dtype {}", path, descr);
+  require(descr == "<f4" || descr == "<i4" || descr == "<f2", "{}: unsupported .npy dtype {}", path, descr);
+  const size_t element_size = descr == "<f2" ? 2 : 4;
   require(header.find("'fortran_order': False") != std::string::npos, "{}: Fortran-order .npy not supported", path);
   const size_t shape_key = header.find("'shape':");
   const size_t open = header.find('(', shape_key);
@@ -89,11 +91,18 @@ NpyArray read_npy(const std::string& path) {
     array.shape.push_back(dim);
   }
   const size_t data_offset = offset + header_len;
-  require(data_offset + static_cast<size_t>(count) * 4 == file.size(), "{}: data size does not match shape", path);
+  require(data_offset + static_cast<size_t>(count) * element_size == file.size(), "{}: data size does not match shape",
+          path);
   array.data.resize(static_cast<size_t>(count));
   if (descr == "<f4") {
     // An empty array's data() may be null, and memcpy from/to null is undefined even for 0 bytes.
     if (count > 0) std::memcpy(array.data.data(), bytes + data_offset, static_cast<size_t>(count) * 4);
+  } else if (descr == "<f2") {
+    for (int64_t i = 0; i < count; ++i) {
+      uint16_t bits;
+      std::memcpy(&bits, bytes + data_offset + i * 2, 2);
+      array.data[static_cast<size_t>(i)] = f16_to_f32(bits);
+    }
   } else {
     for (int64_t i = 0; i < count; ++i) {
       int32_t value;

@@ -1,11 +1,13 @@
 // Linear layers and embedding lookup on the CPU: weights are dequantised one row at a time into a thread-local
-// float32 buffer and dotted with every token, so each weight byte is read once per call whatever its format.
+// float32 buffer and dotted with every token, so each weight byte is read once per call whatever its format. EXL3
+// matrices go through exl3_linear, which works in their rotated basis.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/exl3_linear.h"
 #include "base/thread_pool.h"
 
 namespace kestrel {
@@ -27,6 +29,10 @@ float dot(const float* a, const float* b, int64_t n) {
 }  // namespace
 
 void CpuBackend::linear(const float* x, int64_t num_tokens, const LinearWeight& weight, float* y) {
+  if (weight.exl3) {
+    exl3_linear(x, num_tokens, weight, y);
+    return;
+  }
   const int64_t in = weight.in_features, out = weight.out_features;
   // safetensors does not promise aligned data; unaligned float32 rows are copied like any other format.
   const bool direct_f32 = weight.dtype == DType::f32 && reinterpret_cast<uintptr_t>(weight.data) % alignof(float) == 0;
