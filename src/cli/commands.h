@@ -14,5 +14,6 @@ Action add_run_command(CLI::App& app);
 Action add_render_command(CLI::App& app);
 Action add_tokenize_command(CLI::App& app);
 Action add_detokenize_command(CLI::App& app);
+Action add_exl3_command(CLI::App& app);
 
 }  // namespace kestrel::cli

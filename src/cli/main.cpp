@@ -13,7 +13,8 @@ int main(int argc, char** argv) {
   const kestrel::cli::Action actions[] = {kestrel::cli::add_logits_command(app), kestrel::cli::add_run_command(app),
                                             kestrel::cli::add_render_command(app),
                                             kestrel::cli::add_tokenize_command(app),
-                                            kestrel::cli::add_detokenize_command(app)};
+                                            kestrel::cli::add_detokenize_command(app),
+                                            kestrel::cli::add_exl3_command(app)};
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -166,15 +166,37 @@ const std::vector<std::pair<std::string_view, MlpType>> kMlpTypeNames = {{"dense
 const std::vector<std::pair<std::string_view, IndexerType>> kIndexerTypeNames = {{"full", IndexerType::full},
                                                                                  {"shared", IndexerType::shared}};
 
-QuantizationConfig parse_quantization(const FieldReader& parent) {
-  const json& object = *parent.find("quantization_config");
-  parent.require_field(object.is_object(), "quantization_config", "expected an object, got {}", object.type_name());
-  const FieldReader fields(object, parent.source(), parent.prefix() + "quantization_config.");
+QuantizationConfig parse_quantization(const FieldReader& parent, const std::string& key = "quantization_config") {
+  const json& object = *parent.find(key);
+  parent.require_field(object.is_object(), key, "expected an object, got {}", object.type_name());
+  const FieldReader fields(object, parent.source(), parent.prefix() + key + ".");
   QuantizationConfig quantization;
   quantization.json = object.dump();
   fields.require_field(fields.has("quant_method"), "quant_method", "missing");
   fields.read_string("quant_method", quantization.quant_method);
-  if (quantization.quant_method != "fp8") return quantization;  // other methods are the loader's business
+  if (quantization.quant_method == "exl3") {
+    if (const json* bits = fields.find("bits"); bits != nullptr && !bits->is_null()) {
+      quantization.exl3_bits = fields.as_double(*bits, "bits");
+      fields.require_field(quantization.exl3_bits > 0 && quantization.exl3_bits <= 8, "bits",
+                           "must be in (0, 8], got {}", bits->dump());
+    }
+    fields.read_string("codebook", quantization.exl3_codebook);
+    fields.require_field(quantization.exl3_codebook.empty() || quantization.exl3_codebook == "mcg" ||
+                             quantization.exl3_codebook == "mul1" || quantization.exl3_codebook == "3inst",
+                         "codebook", "expected \"mcg\", \"mul1\" or \"3inst\", got \"{}\"",
+                         quantization.exl3_codebook);
+    // Tensors left unquantized keep the source checkpoint's format, block-fp8 included.
+    if (fields.has("original_quantization_config")) {
+      const QuantizationConfig original = parse_quantization(fields, "original_quantization_config");
+      quantization.fp8_block_rows = original.fp8_block_rows;
+      quantization.fp8_block_cols = original.fp8_block_cols;
+      quantization.modules_to_not_convert = original.modules_to_not_convert;
+    }
+    return quantization;
+  }
+  fields.require_field(quantization.quant_method == "fp8", "quant_method",
+                       "\"{}\" is not supported (Kestrel reads \"fp8\" and \"exl3\" checkpoints)",
+                       quantization.quant_method);
 
   const json* block = fields.find("weight_block_size");
   fields.require_field(block != nullptr && !block->is_null(), "weight_block_size", "missing (required for fp8)");
@@ -391,6 +413,8 @@ std::string Glm5NextConfig::summary() const {
     if (quantization->quant_method == "fp8") {
       quantization_text += fmt::format(" {}x{} blocks, {} modules unquantized", quantization->fp8_block_rows,
                                        quantization->fp8_block_cols, quantization->modules_to_not_convert.size());
+    } else if (quantization->exl3_bits > 0 || !quantization->exl3_codebook.empty()) {
+      quantization_text += fmt::format(" {} bpw {}", quantization->exl3_bits, quantization->exl3_codebook);
     }
   }
   return fmt::format(

@@ -21,9 +21,14 @@ enum class IndexerType { full, shared };
 struct QuantizationConfig {
   std::string quant_method;          // "fp8", "exl3", ...
   std::string json;                  // the whole object as written, for reporting
-  // fp8: block shape of `weight_scale_inv` (rows, cols); official checkpoints use 128 x 128.
+  // fp8 (or an exl3 checkpoint made from an fp8 one, whose unquantized tensors stay block-fp8): block shape of
+  // `weight_scale_inv` (rows, cols); official checkpoints use 128 x 128.
   int64_t fp8_block_rows = 0, fp8_block_cols = 0;
   std::vector<std::string> modules_to_not_convert;
+  // exl3: the average bits per weight and the model-wide codebook as recorded (informative: each tensor's own shape
+  // and marker are authoritative); 0 and "" when not given.
+  double exl3_bits = 0;
+  std::string exl3_codebook;
 };
 
 struct Glm5NextConfig {

@@ -9,6 +9,7 @@
 #include "base/error.h"
 #include "base/log.h"
 #include "base/numeric.h"
+#include "formats/exl3_tensors.h"
 
 namespace kestrel {
 
@@ -44,8 +45,18 @@ public:
     }
   }
 
-  // A matrix [rows, cols]: f32/f16/bf16, or fp8 e4m3 with its `weight_scale_inv` block scales.
+  // A matrix [rows, cols]: f32/f16/bf16, fp8 e4m3 with its `weight_scale_inv` block scales, or EXL3 (for a name
+  // `<module>.weight` that is absent while `<module>.trellis` is present).
   LinearWeight matrix(const std::string& name, int64_t rows, int64_t cols) {
+    if (name.ends_with(".weight")) {
+      const std::string module = name.substr(0, name.size() - 7);
+      if (has(module + ".trellis")) {
+        if (has(name)) {
+          fail("{}: module '{}' has both '{}' and an EXL3 trellis", *checkpoint_.find(name)->path, module, name);
+        }
+        return exl3_matrix(module, rows, cols);
+      }
+    }
     const TensorView& view = tensor(name);
     expect_shape(view, {rows, cols});
     LinearWeight weight{.name = name, .dtype = view.dtype, .out_features = rows, .in_features = cols, .data = view.data};
@@ -74,6 +85,34 @@ public:
            dtype_name(view.dtype));
     }
     return weight;
+  }
+
+  // An EXL3 linear (formats/exl3_tensors.h), bound in place like any other matrix.
+  LinearWeight exl3_matrix(const std::string& module, int64_t rows, int64_t cols) {
+    const TensorView& trellis = tensor(module + ".trellis");
+    if (!config_.quantization || config_.quantization->quant_method != "exl3") {
+      fail("{}: module '{}' is stored as EXL3 but {} has no quantization_config with quant_method \"exl3\"",
+           *trellis.path, module, config_.source);
+    }
+    const Exl3Tensors t = read_exl3_tensors(
+        [this](const std::string& name) {
+          const TensorView* view = checkpoint_.find(name);
+          if (view) used_.insert(name);
+          return view;
+        },
+        module, rows, cols);
+    return LinearWeight{.name = module,
+                        .dtype = DType::i16,
+                        .out_features = rows,
+                        .in_features = cols,
+                        .data = t.trellis->data,
+                        .exl3 = Exl3Matrix{.trellis = t.trellis->data,
+                                           .suh = t.suh->data,
+                                           .svh = t.svh->data,
+                                           .bits = t.bits,
+                                           .codebook = t.codebook,
+                                           .in_padded = t.in_padded,
+                                           .out_padded = t.out_padded}};
   }
 
   // A small float tensor of the given shape, converted to float32.

@@ -368,15 +368,43 @@ TEST(Glm5NextConfigTest, QuantizationConfigInsideTextConfig) {
   EXPECT_EQ(parse(config).quantization->fp8_block_cols, 128);
 }
 
-TEST(Glm5NextConfigTest, OtherQuantizationMethodsAreKeptUnvalidated) {
+TEST(Glm5NextConfigTest, Exl3QuantizationConfigIsParsed) {
   json config = official();
-  config["quantization_config"] = {{"quant_method", "exl3"}, {"bits", 4.0}, {"calibration", {{"rows", 100}}}};
+  config["quantization_config"] = {{"quant_method", "exl3"}, {"bits", 4.0}, {"codebook", "mcg"},
+                                   {"calibration", {{"rows", 100}}}};
   const Glm5NextConfig parsed = parse(config);
   ASSERT_TRUE(parsed.quantization.has_value());
   EXPECT_EQ(parsed.quantization->quant_method, "exl3");
-  EXPECT_EQ(json::parse(parsed.quantization->json)["bits"], 4.0);
+  EXPECT_EQ(parsed.quantization->exl3_bits, 4.0);
+  EXPECT_EQ(parsed.quantization->exl3_codebook, "mcg");
+  EXPECT_EQ(json::parse(parsed.quantization->json)["calibration"]["rows"], 100);
   EXPECT_EQ(parsed.quantization->fp8_block_rows, 0);
-  EXPECT_NE(parsed.summary().find("quantization exl3"), std::string::npos);
+  EXPECT_NE(parsed.summary().find("quantization exl3 4 bpw mcg"), std::string::npos);
+}
+
+TEST(Glm5NextConfigTest, Exl3FromFp8KeepsTheFp8BlockShape) {
+  json config = official();
+  json fp8 = config["quantization_config"];
+  config["quantization_config"] = {{"quant_method", "exl3"}, {"bits", 4}, {"original_quantization_config", fp8}};
+  const Glm5NextConfig parsed = parse(config);
+  EXPECT_EQ(parsed.quantization->quant_method, "exl3");
+  EXPECT_EQ(parsed.quantization->fp8_block_rows, 128);
+  EXPECT_EQ(parsed.quantization->fp8_block_cols, 128);
+}
+
+TEST(Glm5NextConfigTest, BadQuantizationConfigsAreRejected) {
+  const auto with = [](json quantization) {
+    json config = official();
+    config["quantization_config"] = std::move(quantization);
+    return config;
+  };
+  expect_invalid(with({{"quant_method", "gptq"}}), "quantization_config.quant_method", {"\"gptq\" is not supported"});
+  expect_invalid(with({{"quant_method", "exl3"}, {"bits", 12}}), "quantization_config.bits", {"must be in (0, 8]"});
+  expect_invalid(with({{"quant_method", "exl3"}, {"bits", "4"}}), "quantization_config.bits", {"expected a number"});
+  expect_invalid(with({{"quant_method", "exl3"}, {"codebook", "e8p"}}), "quantization_config.codebook",
+                 {"expected \"mcg\", \"mul1\" or \"3inst\""});
+  expect_invalid(with({{"quant_method", "exl3"}, {"original_quantization_config", {{"quant_method", "fp8"}}}}),
+                 "quantization_config.original_quantization_config.weight_block_size", {"missing"});
 }
 
 TEST(Glm5NextConfigTest, NullQuantizationConfigMeansNone) {

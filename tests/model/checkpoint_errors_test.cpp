@@ -24,6 +24,7 @@
 
 #include "../formats/expect_error.h"
 #include "../formats/safetensors_builder.h"
+#include "broken_checkpoint.h"
 #include "backend/cpu/cpu_backend.h"
 #include "formats/dtype.h"
 #include "formats/safetensors.h"
@@ -38,6 +39,7 @@ using testing::expect_error;
 using testing::SafetensorsBuilder;
 using testing::ScratchDir;
 using testing::write_file;
+using namespace kestrel::testing;
 
 // Fixtures used as starting points (see each one's meta.json).
 constexpr const char* kBf16 = "bf16_hc4_kp4";                              // 6 layers, shared indexer at layer 4
@@ -46,109 +48,11 @@ constexpr const char* kVision = "f32_hc4_kp4_shared_vision";               // mo
 constexpr const char* kMtp = "f32_kp1_mtp";                                // MTP layer stored as layers.5.*
 constexpr const char* kSharded = "f32_hc2_kp2_softplus_group_sharded";     // 4 shards + index
 
-constexpr const char* kSingleFile = "model.safetensors";
-constexpr const char* kIndexFile = "model.safetensors.index.json";
 constexpr const char* kShard1 = "model-00001-of-00004.safetensors";
 constexpr const char* kShard2 = "model-00002-of-00004.safetensors";
 constexpr const char* kShard3 = "model-00003-of-00004.safetensors";
 
 const std::string kLayers = "model.language_model.layers.";
-
-std::string golden_dir(const std::string& fixture) {
-  return (fs::path(KESTREL_TEST_DATA) / "golden" / fixture).string();
-}
-
-json read_json(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw std::runtime_error("cannot read " + path);
-  return json::parse(in);
-}
-
-using Tensor = SafetensorsBuilder::Tensor;
-// Applied to each tensor as it is copied; returning false drops the tensor.
-using TensorEdit = std::function<bool(Tensor&)>;
-
-TensorEdit drop(const std::string& name) {
-  return [name](Tensor& tensor) { return tensor.name != name; };
-}
-// Runs `change` on the tensor called `name`; keeps every tensor.
-TensorEdit change(const std::string& name, std::function<void(Tensor&)> change_tensor) {
-  return [name, change_tensor](Tensor& tensor) {
-    if (tensor.name == name) change_tensor(tensor);
-    return true;
-  };
-}
-// Re-types a tensor, with zero bytes of the size the new dtype needs.
-TensorEdit retype(const std::string& name, const std::string& dtype, size_t element_size) {
-  return change(name, [dtype, element_size](Tensor& tensor) {
-    int64_t numel = 1;
-    for (const int64_t dim : tensor.shape) numel *= dim;
-    tensor.dtype = dtype;
-    tensor.bytes.assign(static_cast<size_t>(numel) * element_size, '\0');
-  });
-}
-
-// A scratch checkpoint directory derived from a golden fixture. The config is held as JSON until write_config();
-// weight files are either linked unchanged (link_weights) or re-emitted with edits (copy_tensors).
-class BrokenCheckpoint {
-public:
-  explicit BrokenCheckpoint(const std::string& fixture)
-      : source_(golden_dir(fixture)), config_(read_json(source_ + "/config.json")) {}
-
-  const std::string& dir() const { return scratch_.path(); }
-  std::string file(const std::string& name) const { return scratch_.file(name); }
-  std::string source_file(const std::string& name) const { return source_ + "/" + name; }
-  std::string config_path() const { return file("config.json"); }
-
-  json& config() { return config_; }
-  json& text_config() { return config_.contains("text_config") ? config_["text_config"] : config_; }
-  void write_config() const { write_file(config_path(), config_.dump(2)); }
-
-  // Symlinks one weight file of the fixture into the scratch dir unchanged.
-  void link(const std::string& name) const { fs::create_symlink(source_file(name), file(name)); }
-  // Symlinks every weight file (and the index) of the fixture, except those in `except`.
-  void link_weights(std::initializer_list<std::string_view> except = {}) const {
-    for (const auto& entry : fs::directory_iterator(source_)) {
-      const std::string name = entry.path().filename().string();
-      const bool weights = name.ends_with(".safetensors") || name == kIndexFile;
-      if (weights && std::find(except.begin(), except.end(), name) == except.end()) link(name);
-    }
-  }
-
-  // The tensors of the fixture's weight file `name`, in file order, through `edit`, as a builder.
-  SafetensorsBuilder copy_tensors(const std::string& name, const TensorEdit& edit = {}) const {
-    const SafetensorsFile file(source_file(name));
-    SafetensorsBuilder builder;
-    for (const TensorView& view : file.tensors()) {
-      Tensor tensor{.name = view.name,
-                    .dtype = std::string(dtype_name(view.dtype)),
-                    .shape = view.shape,
-                    .bytes = std::string(reinterpret_cast<const char*>(view.data), view.nbytes),
-                    .data_offsets = {},
-                    .raw_entry = {}};
-      if (edit && !edit(tensor)) continue;
-      builder.add_tensor(std::move(tensor));
-    }
-    return builder;
-  }
-  // Writes the fixture's config unchanged-or-edited and its single weight file re-emitted through `edit`.
-  void write_single_file(const TensorEdit& edit) const {
-    write_config();
-    copy_tensors(kSingleFile, edit).write(file(kSingleFile));
-  }
-
-private:
-  ScratchDir scratch_;
-  std::string source_;
-  json config_;
-};
-
-std::string load_error(const std::string& dir, std::initializer_list<std::string_view> fragments) {
-  CpuBackend backend;
-  return expect_error([&] { (void)Glm5NextModel::load(dir, backend); }, fragments);
-}
-
-std::string missing(const std::string& name) { return "tensor '" + name + "' is missing"; }
 
 // --- The copy procedure itself is sound: an unmodified re-emitted copy loads. ---
 
@@ -401,7 +305,7 @@ TEST(CheckpointErrorsTest, SingleUnknownTensorHasNoCount) {
 
 // Number of tensors in the fixture's single file whose name starts with `prefix`, and the first of them.
 std::pair<size_t, std::string> tensors_with_prefix(const std::string& fixture, const std::string& prefix) {
-  const SafetensorsFile file(golden_dir(fixture) + "/" + kSingleFile);
+  const SafetensorsFile file(golden_fixture_dir(fixture) + "/" + kSingleFile);
   std::vector<std::string> names;
   for (const TensorView& view : file.tensors()) {
     if (view.name.starts_with(prefix)) names.push_back(view.name);
@@ -680,7 +584,7 @@ TEST(CheckpointErrorsTest, ShardHoldsTensorTheIndexOmits) {
 
 class ForwardInputTest : public ::testing::Test {
 protected:
-  static void SetUpTestSuite() { model_ = Glm5NextModel::load(golden_dir(kBf16), *backend_); }
+  static void SetUpTestSuite() { model_ = Glm5NextModel::load(golden_fixture_dir(kBf16), *backend_); }
   static void TearDownTestSuite() { model_.reset(); }
 
   static inline std::unique_ptr<CpuBackend> backend_ = std::make_unique<CpuBackend>();
