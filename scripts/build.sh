@@ -11,5 +11,7 @@ case "$kind" in
                                       "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g") ;;
   *) echo "usage: $0 [release|sanitize]" >&2; exit 2 ;;
 esac
+# The server end-to-end suites run under this interpreter (scripts/test.sh sets it to its venv).
+[ -n "${KESTREL_TEST_PYTHON:-}" ] && flags+=("-DKESTREL_TEST_PYTHON=$KESTREL_TEST_PYTHON")
 cmake -S . -B "$dir" -G Ninja "${flags[@]}" > /dev/null
 cmake --build "$dir" -j "$(nproc)"

@@ -8,6 +8,7 @@ packages=(
   build-essential cmake ninja-build pkg-config
   libfmt-dev nlohmann-json3-dev libcli11-dev libpcre2-dev libutf8proc-dev
   libgtest-dev libgmock-dev clang libclang-rt-14-dev
+  libboost-dev python3-venv
 
 )
 

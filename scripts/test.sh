@@ -4,6 +4,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
+# The server suites drive `kestrel serve` with the official openai client, from an idempotent venv.
+OPENAI_VERSION=2.54.0
+venv=.venv-test
+if [ "$("$venv/bin/python" -c 'import openai; print(openai.__version__)' 2>/dev/null)" != "$OPENAI_VERSION" ]; then
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install -q "openai==$OPENAI_VERSION"
+fi
+export KESTREL_TEST_PYTHON="$PWD/$venv/bin/python"
 kinds=("${1:-all}")
 [ "${kinds[0]}" = all ] && kinds=(release sanitize)
 for kind in "${kinds[@]}"; do

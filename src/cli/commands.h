@@ -15,5 +15,7 @@ Action add_render_command(CLI::App& app);
 Action add_tokenize_command(CLI::App& app);
 Action add_detokenize_command(CLI::App& app);
 Action add_exl3_command(CLI::App& app);
+Action add_quantize_command(CLI::App& app);
+Action add_serve_command(CLI::App& app);
 
 }  // namespace kestrel::cli

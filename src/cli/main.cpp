@@ -14,7 +14,9 @@ int main(int argc, char** argv) {
                                             kestrel::cli::add_render_command(app),
                                             kestrel::cli::add_tokenize_command(app),
                                             kestrel::cli::add_detokenize_command(app),
-                                            kestrel::cli::add_exl3_command(app)};
+                                            kestrel::cli::add_exl3_command(app),
+                                            kestrel::cli::add_quantize_command(app),
+                                            kestrel::cli::add_serve_command(app)};
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

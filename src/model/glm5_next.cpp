@@ -241,9 +241,37 @@ void Glm5NextModel::moe_block(const MoeWeights& w, const float* x, int64_t T, fl
                                .expert_ids = expert_ids.data(),
                                .expert_weights = expert_weights.data(),
                                .out = out});
+  if (observer_ != nullptr) observe_experts(w, x, T, expert_ids.data());
   Floats shared = zeros(T * D);
   mlp_block(w.shared, x, T, shared.data());
   backend_.add(shared.data(), T * D, out);
+}
+
+void Glm5NextModel::observe_experts(const MoeWeights& w, const float* x, int64_t T, const int32_t* expert_ids) {
+  const int64_t D = config_.hidden_size, top_k = config_.num_experts_per_tok;
+  for (size_t e = 0; e < w.experts.size(); ++e) {
+    const ExpertWeights& expert = w.experts[e];
+    Floats rows;
+    for (int64_t t = 0; t < T; ++t) {
+      for (int64_t j = 0; j < top_k; ++j) {
+        if (expert_ids[t * top_k + j] == static_cast<int32_t>(e)) rows.insert(rows.end(), x + t * D, x + (t + 1) * D);
+      }
+    }
+    const auto n = static_cast<int64_t>(rows.size()) / D;
+    if (n == 0) continue;
+    const auto module = [](const LinearWeight& weight) {
+      const std::string_view name = weight.name;
+      return name.substr(0, name.rfind('.'));
+    };
+    observer_->observe(module(expert.gate), rows.data(), n, D);
+    observer_->observe(module(expert.up), rows.data(), n, D);
+    const int64_t I = expert.gate.out_features;
+    Floats gate = zeros(n * I), up = zeros(n * I), hidden = zeros(n * I);
+    backend_.linear(rows.data(), n, expert.gate, gate.data());
+    backend_.linear(rows.data(), n, expert.up, up.data());
+    backend_.clamped_swiglu(gate.data(), up.data(), n, I, static_cast<float>(config_.swiglu_limit), hidden.data());
+    observer_->observe(module(expert.down), hidden.data(), n, I);
+  }
 }
 
 }  // namespace kestrel

@@ -8,6 +8,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "backend/backend.h"
@@ -17,6 +18,17 @@
 #include "model/sequence_state.h"
 
 namespace kestrel {
+
+// Sees the float32 input rows of linear layers during forward(), by checkpoint module name (the weight's name without
+// its last component, e.g. "model.language_model.layers.3.mlp.experts.17.gate_proj"): the quantizer's Hessian
+// capture. Reported today: each routed expert's gate_proj and up_proj (the same rows, reported under both names) and
+// down_proj (the clamped SwiGLU activations), for the tokens routed to it. Called from the forward's thread.
+class LinearInputObserver {
+public:
+  virtual ~LinearInputObserver() = default;
+  // rows: [count, width] row-major.
+  virtual void observe(std::string_view module, const float* rows, int64_t count, int64_t width) = 0;
+};
 
 struct ForwardOptions {
   bool all_logits = true;  // logits for every new token, else only for the last one
@@ -37,6 +49,9 @@ public:
   std::vector<float> forward(SequenceState& sequence, std::span<const int32_t> tokens,
                              const ForwardOptions& options = {});
 
+  // Installs (or, with nullptr, removes) the input observer; the forward pays nothing extra without one.
+  void set_input_observer(LinearInputObserver* observer) { observer_ = observer; }
+
 private:
   Glm5NextModel(Glm5NextConfig config, Checkpoint checkpoint, Backend& backend);
 
@@ -46,12 +61,15 @@ private:
                  std::vector<std::vector<int64_t>>& selection, float* out);
   void mlp_block(const MlpWeights& w, const float* x, int64_t T, float* out);
   void moe_block(const MoeWeights& w, const float* x, int64_t T, float* out);
+  // Recomputes each routed expert's inputs for the observer (outside the backend's fused expert op).
+  void observe_experts(const MoeWeights& w, const float* x, int64_t T, const int32_t* expert_ids);
 
   Glm5NextConfig config_;
   Checkpoint checkpoint_;  // owns the mappings the weights point into
   Backend& backend_;
   Glm5NextWeights weights_;
   CachePools pools_;
+  LinearInputObserver* observer_ = nullptr;
 };
 
 }  // namespace kestrel

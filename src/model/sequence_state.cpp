@@ -1,34 +1,126 @@
 #include "model/sequence_state.h"
 
+#include <algorithm>
+
+#include "base/error.h"
+
 namespace kestrel {
 
-CachePools::CachePools(const Glm5NextConfig& c, int64_t block_tokens) {
+namespace {
+
+int64_t conv_floats(const Glm5NextConfig& c) {
+  return 3 * (c.linear_conv_kernel_dim - 1) * c.linear_num_heads * c.linear_head_dim;
+}
+int64_t recurrent_floats(const Glm5NextConfig& c) {
+  return c.linear_num_heads * c.linear_head_dim * c.linear_head_dim;
+}
+
+}  // namespace
+
+CachePools::CachePools(const Glm5NextConfig& c)
+    : block_tokens_(c.index_kpool * std::max<int64_t>(1, 16 / c.index_kpool)),
+      own_source_(std::make_unique<GrowingBlockSource>()),
+      source_(own_source_.get()) {
+  add_layers(c, 0);
+}
+
+CachePools::CachePools(const Glm5NextConfig& c, int64_t block_tokens, BlockSource& source, int64_t num_blocks)
+    : block_tokens_(block_tokens), source_(&source) {
+  require(block_tokens > 0 && block_tokens % c.index_kpool == 0,
+          "cache block size {} must be a positive multiple of index_kpool ({})", block_tokens, c.index_kpool);
+  add_layers(c, num_blocks);
+}
+
+void CachePools::add_layers(const Glm5NextConfig& c, int64_t num_blocks) {
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     const bool dsa = c.layer_types[static_cast<size_t>(i)] == LayerType::sparse_attention;
-    latents.push_back(dsa ? std::make_unique<RowBlockPool>(c.kv_lora_rank, block_tokens) : nullptr);
-    index_keys.push_back(dsa ? std::make_unique<RowBlockPool>(c.index_head_dim, block_tokens) : nullptr);
-    index_gates.push_back(dsa ? std::make_unique<RowBlockPool>(c.index_head_dim, block_tokens) : nullptr);
-    pooled_keys.push_back(dsa ? std::make_unique<RowBlockPool>(c.index_head_dim, block_tokens) : nullptr);
+    const auto pool = [&](int64_t width, int64_t rows) {
+      return dsa ? std::make_unique<RowBlockPool>(width, rows, num_blocks) : nullptr;
+    };
+    latents.push_back(pool(c.kv_lora_rank, block_tokens_));
+    index_keys.push_back(pool(c.index_head_dim, block_tokens_));
+    index_gates.push_back(pool(c.index_head_dim, block_tokens_));
+    pooled_keys.push_back(pool(c.index_head_dim, block_tokens_ / c.index_kpool));
   }
 }
 
-SequenceState::SequenceState(const Glm5NextConfig& c, CachePools& pools) {
-  const int64_t channels = c.linear_num_heads * c.linear_head_dim;
+SequenceState::SequenceState(const Glm5NextConfig& c, CachePools& pools)
+    : block_tokens_(pools.block_tokens()), kpool_(c.index_kpool), kda_state_size_(kda_state_size(c)),
+      blocks_(pools.source()) {
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     const auto layer = static_cast<size_t>(i);
+    full_indexer_.push_back(c.indexer_types[layer] == IndexerType::full);
     if (c.layer_types[layer] == LayerType::linear_attention) {
-      kda_.push_back(KdaLayerState{
-          .conv = std::vector<float>(static_cast<size_t>(3 * (c.linear_conv_kernel_dim - 1) * channels), 0.0f),
-          .recurrent = std::vector<float>(static_cast<size_t>(channels * c.linear_head_dim), 0.0f)});
+      kda_.push_back(KdaLayerState{.conv = std::vector<float>(static_cast<size_t>(conv_floats(c)), 0.0f),
+                                   .recurrent = std::vector<float>(static_cast<size_t>(recurrent_floats(c)), 0.0f)});
       mla_.push_back(nullptr);
     } else {
       kda_.emplace_back();
       mla_.push_back(std::make_unique<MlaLayerState>(
-          MlaLayerState{.latents = PagedRows(*pools.latents[layer]),
-                        .index_keys = PagedRows(*pools.index_keys[layer]),
-                        .index_gates = PagedRows(*pools.index_gates[layer]),
-                        .pooled_keys = PagedRows(*pools.pooled_keys[layer])}));
+          MlaLayerState{.latents = PagedRows(*pools.latents[layer], blocks_),
+                        .index_keys = PagedRows(*pools.index_keys[layer], blocks_),
+                        .index_gates = PagedRows(*pools.index_gates[layer], blocks_),
+                        .pooled_keys = PagedRows(*pools.pooled_keys[layer], blocks_)}));
     }
+  }
+}
+
+void SequenceState::reserve(int64_t num_tokens) { blocks_.grow_to((num_tokens + block_tokens_ - 1) / block_tokens_); }
+
+void SequenceState::resume_on(std::span<const int32_t> blocks) {
+  require(num_tokens_ == 0 && blocks_.size() == 0, "a sequence resumes on a shared prefix only when empty");
+  blocks_.share(blocks);
+  num_tokens_ = static_cast<int64_t>(blocks.size()) * block_tokens_;
+  for (size_t layer = 0; layer < mla_.size(); ++layer) {
+    if (!mla_[layer]) continue;
+    MlaLayerState& mla = *mla_[layer];
+    const bool indexed = full_indexer_[layer];
+    mla.latents.resize(num_tokens_);
+    mla.index_keys.resize(indexed ? num_tokens_ : 0);
+    mla.index_gates.resize(indexed ? num_tokens_ : 0);
+    mla.pooled_keys.resize(indexed ? num_tokens_ / kpool_ : 0);
+  }
+}
+
+void SequenceState::reset() {
+  num_tokens_ = 0;
+  blocks_.clear();
+  for (auto& mla : mla_) {
+    if (!mla) continue;
+    mla->latents.resize(0);
+    mla->index_keys.resize(0);
+    mla->index_gates.resize(0);
+    mla->pooled_keys.resize(0);
+  }
+  for (KdaLayerState& kda : kda_) {
+    std::fill(kda.conv.begin(), kda.conv.end(), 0.0f);
+    std::fill(kda.recurrent.begin(), kda.recurrent.end(), 0.0f);
+  }
+}
+
+int64_t SequenceState::kda_state_size(const Glm5NextConfig& c) {
+  return c.num_linear_attention_layers() * (conv_floats(c) + recurrent_floats(c));
+}
+
+void SequenceState::save_kda_state(std::span<float> out) const {
+  require(static_cast<int64_t>(out.size()) == kda_state_size_, "KDA snapshot has {} floats, the state {}",
+          out.size(), kda_state_size_);
+  float* cursor = out.data();
+  for (const KdaLayerState& kda : kda_) {
+    cursor = std::copy(kda.conv.begin(), kda.conv.end(), cursor);
+    cursor = std::copy(kda.recurrent.begin(), kda.recurrent.end(), cursor);
+  }
+}
+
+void SequenceState::load_kda_state(std::span<const float> in) {
+  require(static_cast<int64_t>(in.size()) == kda_state_size_, "KDA snapshot has {} floats, the state {}",
+          in.size(), kda_state_size_);
+  const float* cursor = in.data();
+  for (KdaLayerState& kda : kda_) {
+    std::copy_n(cursor, kda.conv.size(), kda.conv.begin());
+    cursor += kda.conv.size();
+    std::copy_n(cursor, kda.recurrent.size(), kda.recurrent.begin());
+    cursor += kda.recurrent.size();
   }
 }
 

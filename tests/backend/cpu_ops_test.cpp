@@ -128,7 +128,9 @@ TEST(KdaTest, ChunkedFormEqualsRecurrentForm) {
 TEST(IndexerTest, EqualScoresSelectLowerPoolsThenTail) {
   const int64_t dim = 4, kpool = 4, pools = 10;
   RowBlockPool pool(dim, 16);
-  PagedRows pooled(pool);
+  GrowingBlockSource source;
+  BlockTable table(source);
+  PagedRows pooled(pool, table);
   for (int64_t p = 0; p < pools; ++p) std::fill_n(pooled.append(), dim, 1.0f);  // every pool scores the same
   const std::vector<float> query(static_cast<size_t>(2 * dim), 1.0f), weights(2, 1.0f);
   std::vector<std::vector<int64_t>> selected;
@@ -144,7 +146,9 @@ TEST(IndexerTest, EqualScoresSelectLowerPoolsThenTail) {
 TEST(IndexerTest, QueryNeverSeesPoolsEndingAfterIt) {
   const int64_t dim = 2, kpool = 4;
   RowBlockPool pool(dim, 16);
-  PagedRows pooled(pool);
+  GrowingBlockSource source;
+  BlockTable table(source);
+  PagedRows pooled(pool, table);
   for (int64_t p = 0; p < 3; ++p) {
     float* row = pooled.append();
     row[0] = static_cast<float>(p + 1);  // later pools score higher

@@ -1,0 +1,110 @@
+// The engine's own per-step cost, without a model forward: Scheduler::schedule() + Scheduler::update() with the
+// cache manager granting blocks, indexing prompt blocks and freeing finished requests, at 64 running sequences. The
+// model has GLM-5.3-Flash's layout (45 layers, 16-token k-pools, so 16-token blocks) with small KDA state, since KDA
+// snapshot copies are the runner's cost, not the scheduler's.
+//
+//   ninja -C build-e kestrel_bench && build-e/kestrel_bench --benchmark_repetitions=5
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <memory>
+#include <numeric>
+#include <vector>
+
+#include "engine/scheduler.h"
+#include "formats/glm5_next_config.h"
+
+namespace kestrel {
+namespace {
+
+constexpr int64_t kSequences = 64;
+
+struct NullSink final : OutputSink {
+  void push(RequestOutput) override {}
+};
+
+struct Harness {
+  Glm5NextConfig model = parse_glm5_next_config(R"({"model_type": "glm5_next", "q_lora_rank": 1536,
+                                                    "linear_attn_config": {"num_heads": 2, "head_dim": 16}})",
+                                                "bench");
+  CacheManager cache;
+  Scheduler scheduler;
+  std::shared_ptr<NullSink> sink = std::make_shared<NullSink>();
+  uint64_t next_id = 1;
+
+  explicit Harness(bool prefix_caching)
+      : cache(model, CacheConfig{.block_size = 16,
+                                 .num_blocks = kSequences * 256,
+                                 .num_slots = kSequences,
+                                 .num_kda_snapshots = 2 * kSequences,
+                                 .enable_prefix_caching = prefix_caching}),
+        scheduler(SchedulerConfig{.max_num_seqs = kSequences,
+                                  .max_num_batched_tokens = 8192,
+                                  .max_model_len = 4096,
+                                  .wait_for_shared_prompt = prefix_caching,
+                                  .eos_token_ids = {0}},
+                  cache) {}
+
+  void add(int64_t prompt_length, int64_t max_tokens) {
+    auto request = std::make_unique<Request>();
+    request->id = next_id++;
+    request->token_ids.resize(static_cast<size_t>(prompt_length));
+    // Requests share their first 256 tokens (a system prompt), then differ.
+    std::iota(request->token_ids.begin(), request->token_ids.end(), 1);
+    const auto own = static_cast<int32_t>(request->id * 7919 % 100000);
+    for (int64_t t = 256; t < prompt_length; ++t) request->token_ids[static_cast<size_t>(t)] += own;
+    request->num_prompt_tokens = prompt_length;
+    request->params = SamplingParams{.max_tokens = max_tokens};
+    request->sink = sink;
+    scheduler.add(std::move(request));
+  }
+
+  // One step with a made-up token for every sampling chunk; returns the tokens scheduled.
+  int64_t step() {
+    const SchedulerOutput output = scheduler.schedule();
+    std::vector<std::optional<SampledToken>> sampled(output.chunks.size());
+    for (size_t i = 0; i < output.chunks.size(); ++i) {
+      if (output.chunks[i].samples()) sampled[i] = SampledToken{.token_id = 17, .logprobs = {}};
+    }
+    scheduler.update(output, sampled);
+    return output.num_scheduled_tokens;
+  }
+};
+
+// 64 sequences decoding: one token each per step; a block is granted every 16 steps per sequence.
+void BM_DecodeStep64(benchmark::State& state) {
+  Harness h(/*prefix_caching=*/true);
+  for (int64_t i = 0; i < kSequences; ++i) h.add(512, 1'000'000);
+  // Prefill everyone first: the timed steps are decodes only.
+  while (h.step() > kSequences || h.scheduler.stats().num_waiting > 0) {
+  }
+  int64_t tokens = 0;
+  for (auto _ : state) {
+    tokens += h.step();
+    if (h.scheduler.stats().num_running < kSequences) state.SkipWithError("a sequence stopped");
+  }
+  state.counters["tokens/step"] =
+      benchmark::Counter(static_cast<double>(tokens) / static_cast<double>(state.iterations()));
+}
+// A fixed count keeps every sequence below max_model_len (512 + 3000 < 4096).
+BENCHMARK(BM_DecodeStep64)->Unit(benchmark::kMicrosecond)->Iterations(3000);
+
+// 64 sequences with churn: each generates 64 tokens, then a new request (512-token prompt sharing 256 with the
+// others, so prefix-cache lookups and indexing run) takes its place.
+void BM_ChurnStep64(benchmark::State& state) {
+  Harness h(/*prefix_caching=*/true);
+  for (int64_t i = 0; i < kSequences; ++i) h.add(512, 64);
+  for (auto _ : state) {
+    h.step();
+    const SchedulerStats stats = h.scheduler.stats();
+    for (int64_t i = stats.num_running + stats.num_waiting; i < kSequences; ++i) h.add(512, 64);
+  }
+  state.counters["hit rate"] = static_cast<double>(h.cache.stats().prefix_cache_hits) /
+                               static_cast<double>(std::max<int64_t>(1, h.cache.stats().prefix_cache_queries));
+}
+BENCHMARK(BM_ChurnStep64)->Unit(benchmark::kMicrosecond);
+
+}  // namespace
+}  // namespace kestrel
+
+BENCHMARK_MAIN();

@@ -1,0 +1,103 @@
+#include "engine/engine_core.h"
+
+#include <exception>
+#include <random>
+
+#include "base/error.h"
+#include "base/log.h"
+#include "engine/sampler.h"
+
+namespace kestrel {
+
+EngineCore::EngineCore(Glm5NextModel& model, const EngineConfig& config)
+    : EngineCore(model.config(),
+                 [&model](SequenceState& sequence, std::span<const int32_t> tokens) {
+                   return model.forward(sequence, tokens, ForwardOptions{.all_logits = false});
+                 },
+                 config) {}
+
+EngineCore::EngineCore(const Glm5NextConfig& model, ModelRunner::Forward forward, const EngineConfig& config)
+    : model_(model),
+      config_(resolve_engine_config(config, model)),
+      cache_(model_, CacheConfig{.block_size = config_.block_size,
+                                 .num_blocks = config_.num_blocks,
+                                 .num_slots = config_.max_num_seqs,
+                                 .num_kda_snapshots = config_.num_kda_snapshots,
+                                 .enable_prefix_caching = config_.enable_prefix_caching}),
+      scheduler_(SchedulerConfig{.max_num_seqs = config_.max_num_seqs,
+                                 .max_num_batched_tokens = config_.max_num_batched_tokens,
+                                 .max_model_len = config_.max_model_len,
+                                 .wait_for_shared_prompt = config_.enable_prefix_caching,
+                                 .eos_token_ids = config_.eos_token_ids},
+                 cache_),
+      runner_(std::move(forward), config_.block_size, config_.parallel_sequences) {
+  log_info("engine: max_model_len {}, max_num_seqs {}, max_num_batched_tokens {}, {} blocks of {} tokens, prefix "
+           "caching {}, {} KDA snapshots of {:.1f} MiB",
+           config_.max_model_len, config_.max_num_seqs, config_.max_num_batched_tokens, config_.num_blocks,
+           config_.block_size, config_.enable_prefix_caching ? "on" : "off", config_.num_kda_snapshots,
+           static_cast<double>(SequenceState::kda_state_size(model_)) * sizeof(float) / (1 << 20));
+}
+
+void EngineCore::validate(std::span<const int32_t> prompt, const SamplingParams& params) const {
+  require(!prompt.empty(), "the prompt is empty");
+  require(static_cast<int64_t>(prompt.size()) <= config_.max_model_len,
+          "the prompt has {} tokens, more than this model's maximum context length (max_model_len {})", prompt.size(),
+          config_.max_model_len);
+  for (const int32_t id : prompt) {
+    require(id >= 0 && id < model_.vocab_size, "prompt token id {} is outside the vocabulary [0, {})", id,
+            model_.vocab_size);
+  }
+  validate_sampling_params(params, model_.vocab_size, config_.max_logprobs);
+}
+
+void EngineCore::add_request(uint64_t id, std::vector<int32_t> prompt, const SamplingParams& params,
+                             std::string cache_salt, std::shared_ptr<OutputSink> sink) {
+  validate(prompt, params);
+  const auto group = params.n > 1 ? std::make_shared<RequestGroup>() : nullptr;
+  std::random_device entropy;
+  for (int64_t index = 0; index < params.n; ++index) {
+    auto request = std::make_unique<Request>();
+    request->id = id;
+    request->index = index;
+    request->token_ids = prompt;
+    request->num_prompt_tokens = static_cast<int64_t>(prompt.size());
+    request->params = params;
+    request->params.n = 1;
+    request->cache_salt = cache_salt;
+    request->sink = sink;
+    request->group = group;
+    request->leads_group = index == 0;
+    request->rng.seed(params.seed ? *params.seed + static_cast<uint64_t>(index)
+                                  : (static_cast<uint64_t>(entropy()) << 32 | entropy()));
+    scheduler_.add(std::move(request));
+  }
+}
+
+void EngineCore::step() {
+  const SchedulerOutput output = scheduler_.schedule();
+  if (output.empty()) return;
+  std::vector<std::optional<SampledToken>> sampled(output.chunks.size());
+  try {
+    std::vector<std::vector<float>> logits = runner_.execute(output);
+    for (size_t i = 0; i < output.chunks.size(); ++i) {
+      if (logits[i].empty()) continue;
+      const Request& request = *output.chunks[i].request;
+      sampled[i] = sample_token(logits[i], SamplingInput{.params = request.params,
+                                                         .prompt = request.prompt(),
+                                                         .output = request.output(),
+                                                         .eos_token_ids = config_.eos_token_ids,
+                                                         .rng = output.chunks[i].request->rng});
+    }
+  } catch (const std::exception& e) {
+    log_line(LogLevel::error, fmt::format("engine step failed: {}", e.what()));
+    scheduler_.fail(output, e.what());
+    return;
+  }
+  scheduler_.update(output, sampled);
+}
+
+EngineStats EngineCore::stats() const {
+  return EngineStats{.scheduler = scheduler_.stats(), .cache = cache_.stats(), .kv_cache_usage = cache_.usage()};
+}
+
+}  // namespace kestrel

@@ -1,0 +1,37 @@
+// The sampler: one sequence's next-token logits to a token, in vLLM v1's order —
+//   raw logprobs (if asked) → logit_bias → min_tokens (EOS and stop ids at -inf) → repetition penalty (prompt and
+//   output tokens; positive logits divided, others multiplied) → frequency and presence penalties (output tokens) →
+//   greedy argmax (temperature < 1e-5; ties to the lower id)  or  logits / temperature → min_p → top_k (ties with
+//   the k-th logit kept) → top_p (smallest set, most likely first, whose mass reaches p) → one draw.
+// The draw is one uniform double from the request's own generator (mt19937_64, seeded with the request's seed),
+// walked through the kept tokens from most to least likely; a greedy step draws nothing. A token thus depends only on
+// the request's logits, its tokens so far and its generator, never on the rest of the batch.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <random>
+#include <span>
+
+#include "engine/request.h"
+#include "engine/sampling_params.h"
+
+namespace kestrel {
+
+struct SamplingInput {
+  const SamplingParams& params;
+  std::span<const int32_t> prompt;
+  std::span<const int32_t> output;         // generated so far
+  std::span<const int32_t> eos_token_ids;  // stop the request unless ignore_eos; suppressed before min_tokens
+  std::mt19937_64& rng;
+};
+
+struct SampledToken {
+  int32_t token_id;
+  std::optional<SampleLogprobs> logprobs;  // when params.logprobs is set
+};
+
+// `logits` [vocab] are overwritten by the processed logits.
+SampledToken sample_token(std::span<float> logits, const SamplingInput& input);
+
+}  // namespace kestrel

@@ -1,0 +1,228 @@
+// The sampler on hand-made logits: each parameter changes the choice it should and nothing else, seeded draws repeat
+// exactly, the draw follows the kept distribution, and logprobs are those of the raw logits.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "base/error.h"
+#include "engine/sampler.h"
+
+namespace kestrel {
+namespace {
+
+constexpr int32_t kEos = 7;
+
+struct Case {
+  std::vector<float> logits{};
+  SamplingParams params{};
+  std::vector<int32_t> prompt{};
+  std::vector<int32_t> output{};
+  std::vector<int32_t> eos = {kEos};
+};
+
+SampledToken sample(Case c, std::mt19937_64& rng) {
+  return sample_token(c.logits, SamplingInput{.params = c.params,
+                                              .prompt = c.prompt,
+                                              .output = c.output,
+                                              .eos_token_ids = c.eos,
+                                              .rng = rng});
+}
+
+int32_t greedy(Case c) {
+  c.params.temperature = 0.0f;
+  std::mt19937_64 rng(0);
+  return sample(std::move(c), rng).token_id;
+}
+
+// How often each token is drawn in `draws` samples with a generator seeded `seed`.
+std::map<int32_t, int> histogram(const Case& c, int draws, uint64_t seed = 1) {
+  std::mt19937_64 rng(seed);
+  std::map<int32_t, int> counts;
+  for (int i = 0; i < draws; ++i) ++counts[sample(c, rng).token_id];
+  return counts;
+}
+
+// Logits of a distribution with the given probabilities (the rest of an 8-token vocabulary at -inf).
+std::vector<float> from_probabilities(std::vector<double> probabilities) {
+  std::vector<float> logits(8, -INFINITY);
+  for (size_t i = 0; i < probabilities.size(); ++i) logits[i] = static_cast<float>(std::log(probabilities[i]));
+  return logits;
+}
+
+TEST(Sampler, GreedyTakesTheLargestLogitAndTiesGoToTheLowerId) {
+  EXPECT_EQ(greedy({.logits = {0.1f, 0.5f, 0.2f, 0.5f, 0, 0, 0, 0}}), 1);
+  EXPECT_EQ(greedy({.logits = {0, 0, 0, 0, 0, 0, 0, 3.0f}}), 7);
+}
+
+TEST(Sampler, GreedyDrawsNothingFromTheGenerator) {
+  std::mt19937_64 rng(5), untouched(5);
+  sample({.logits = {1, 2, 3, 0, 0, 0, 0, 0}, .params = {.temperature = 0.0f}}, rng);
+  EXPECT_EQ(rng(), untouched());
+}
+
+TEST(Sampler, LogitBiasMovesTheChoice) {
+  Case c{.logits = {1.0f, 2.0f, 0, 0, 0, 0, 0, 0}};
+  EXPECT_EQ(greedy(c), 1);
+  c.params.logit_bias = {{0, 1.5f}};
+  EXPECT_EQ(greedy(c), 0);
+  c.params.logit_bias = {{3, 100.0f}};
+  EXPECT_EQ(greedy(c), 3);
+}
+
+TEST(Sampler, RepetitionPenaltyDividesPositiveAndMultipliesNegativeLogitsOfSeenTokens) {
+  // Token 1 (in the prompt) 2.0 -> 2.0 / 2 = 1.0 < token 0's 1.5.
+  Case c{.logits = {1.5f, 2.0f, 0, 0, 0, 0, 0, 0}, .prompt = {1}};
+  EXPECT_EQ(greedy(c), 1);
+  c.params.repetition_penalty = 2.0f;
+  EXPECT_EQ(greedy(c), 0);
+  // A negative logit of a seen token gets more negative: -0.5 * 2 = -1 < token 2's -0.8 among otherwise -inf.
+  Case negative{.logits = {-0.5f, -INFINITY, -0.8f, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY},
+                .output = {0}};
+  EXPECT_EQ(greedy(negative), 0);
+  negative.params.repetition_penalty = 2.0f;
+  EXPECT_EQ(greedy(negative), 2);
+}
+
+TEST(Sampler, PresenceAndFrequencyPenaltiesApplyToGeneratedTokensOnly) {
+  Case c{.logits = {1.0f, 1.4f, 0, 0, 0, 0, 0, 0}, .prompt = {0}, .output = {1}};
+  c.params.presence_penalty = 0.5f;
+  EXPECT_EQ(greedy(c), 0);  // 1.4 - 0.5 < 1.0; the prompt's token 0 is untouched
+  c.output = {};
+  EXPECT_EQ(greedy(c), 1);
+  // Frequency scales with the count: one occurrence costs 0.3, two cost 0.6.
+  Case f{.logits = {1.0f, 1.4f, 0, 0, 0, 0, 0, 0}, .output = {1}};
+  f.params.frequency_penalty = 0.3f;
+  EXPECT_EQ(greedy(f), 1);
+  f.output = {1, 1};
+  EXPECT_EQ(greedy(f), 0);
+}
+
+TEST(Sampler, MinTokensSuppressesEosAndStopIdsUntilReached) {
+  Case c{.logits = {0, 0, 0, 0, 5.0f, 0, 0, 9.0f}, .output = {3}};
+  c.params.min_tokens = 2;
+  c.params.stop_token_ids = {4};
+  EXPECT_EQ(greedy(c), 0);  // EOS 7 and stop id 4 masked with one token generated
+  c.output = {3, 3};
+  EXPECT_EQ(greedy(c), 7);
+  c.output = {3};
+  c.params.ignore_eos = true;  // EOS does not end the request, so it is not masked; the stop id still is
+  EXPECT_EQ(greedy(c), 7);
+}
+
+TEST(Sampler, TopKKeepsOnlyTheKMostLikely) {
+  Case c{.logits = from_probabilities({0.4, 0.3, 0.2, 0.1}), .params = {.temperature = 1.0f, .top_k = 2}};
+  const auto counts = histogram(c, 2000);
+  EXPECT_EQ(counts.size(), 2u);
+  EXPECT_GT(counts.at(0), counts.at(1));
+  c.params.top_k = 1;
+  EXPECT_EQ(histogram(c, 200), (std::map<int32_t, int>{{0, 200}}));
+}
+
+TEST(Sampler, TopPKeepsTheSmallestSetReachingP) {
+  Case c{.logits = from_probabilities({0.5, 0.3, 0.2}), .params = {.temperature = 1.0f, .top_p = 0.45f}};
+  EXPECT_EQ(histogram(c, 300).size(), 1u);
+  c.params.top_p = 0.6f;
+  const auto two = histogram(c, 2000);
+  EXPECT_EQ(two.size(), 2u);
+  EXPECT_NEAR(two.at(0) / 2000.0, 0.5 / 0.8, 0.04);  // renormalised over the kept tokens
+  c.params.top_p = 1.0f;
+  EXPECT_EQ(histogram(c, 2000).size(), 3u);
+}
+
+TEST(Sampler, MinPDropsTokensBelowAFractionOfTheMostLikely) {
+  Case c{.logits = from_probabilities({0.5, 0.3, 0.2}), .params = {.temperature = 1.0f, .min_p = 0.5f}};
+  const auto counts = histogram(c, 2000);
+  EXPECT_EQ(counts.size(), 2u);  // 0.2 < 0.5 * 0.5
+  EXPECT_EQ(counts.count(2), 0u);
+  c.params.min_p = 0.3f;
+  EXPECT_EQ(histogram(c, 2000).size(), 3u);
+}
+
+TEST(Sampler, DrawsFollowTheDistributionAndTemperatureSharpensIt) {
+  Case c{.logits = from_probabilities({0.6, 0.3, 0.1}), .params = {.temperature = 1.0f}};
+  const int draws = 20000;
+  const auto counts = histogram(c, draws);
+  EXPECT_NEAR(counts.at(0) / double(draws), 0.6, 0.015);
+  EXPECT_NEAR(counts.at(1) / double(draws), 0.3, 0.015);
+  EXPECT_NEAR(counts.at(2) / double(draws), 0.1, 0.015);
+  // At T = 0.5 the probabilities go as p^2: 0.36 / 0.46 for token 0.
+  c.params.temperature = 0.5f;
+  EXPECT_NEAR(histogram(c, draws).at(0) / double(draws), 0.36 / 0.46, 0.015);
+  c.params.temperature = 2.0f;
+  const double flat = std::sqrt(0.6) / (std::sqrt(0.6) + std::sqrt(0.3) + std::sqrt(0.1));
+  EXPECT_NEAR(histogram(c, draws).at(0) / double(draws), flat, 0.015);
+}
+
+TEST(Sampler, TheSameSeedRepeatsTheDrawsAndAnotherSeedDoesNot) {
+  Case c{.logits = from_probabilities({0.2, 0.2, 0.2, 0.2, 0.2}), .params = {.temperature = 1.0f}};
+  const auto run = [&](uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    std::vector<int32_t> tokens;
+    for (int i = 0; i < 64; ++i) tokens.push_back(sample(c, rng).token_id);
+    return tokens;
+  };
+  EXPECT_EQ(run(42), run(42));
+  EXPECT_NE(run(42), run(43));
+}
+
+TEST(Sampler, LogprobsAreThoseOfTheRawLogits) {
+  Case c{.logits = {2.0f, 1.0f, 1.0f, 0.0f, -1.0f, -2.0f, -3.0f, -4.0f}};
+  c.params.temperature = 0.0f;
+  c.params.logprobs = 3;
+  c.params.logit_bias = {{3, 10.0f}};  // chosen, but the logprobs ignore the bias
+  std::mt19937_64 rng(0);
+  const SampledToken token = sample(c, rng);
+  ASSERT_EQ(token.token_id, 3);
+  ASSERT_TRUE(token.logprobs.has_value());
+  double total = 0.0;
+  for (const float l : c.logits) total += std::exp(static_cast<double>(l));
+  const auto expected = [&](int id) { return c.logits[static_cast<size_t>(id)] - std::log(total); };
+  EXPECT_NEAR(token.logprobs->logprob, expected(3), 1e-6);
+  EXPECT_EQ(token.logprobs->rank, 4);
+  ASSERT_EQ(token.logprobs->top.size(), 3u);
+  EXPECT_EQ(token.logprobs->top[0].token_id, 0);
+  EXPECT_EQ(token.logprobs->top[1].token_id, 1);  // tied with 2: the lower id first
+  EXPECT_EQ(token.logprobs->top[2].token_id, 2);
+  EXPECT_NEAR(token.logprobs->top[0].logprob, expected(0), 1e-6);
+
+  c.params.logprobs = 0;
+  std::mt19937_64 rng2(0);
+  EXPECT_TRUE(sample(c, rng2).logprobs->top.empty());
+  c.params.logprobs.reset();
+  std::mt19937_64 rng3(0);
+  EXPECT_FALSE(sample(c, rng3).logprobs.has_value());
+}
+
+TEST(SamplingParams, OutOfRangeValuesAreRefusedNamingTheField) {
+  const auto refuses = [](SamplingParams p, const char* field) {
+    try {
+      validate_sampling_params(p, 8, 5);
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(field), std::string::npos) << e.what();
+      return;
+    }
+    ADD_FAILURE() << "accepted a bad " << field;
+  };
+  refuses({.n = 0}, "n must");
+  refuses({.temperature = -1.0f}, "temperature");
+  refuses({.top_p = 0.0f}, "top_p");
+  refuses({.top_k = -2}, "top_k");
+  refuses({.min_p = 1.5f}, "min_p");
+  refuses({.presence_penalty = 3.0f}, "presence_penalty");
+  refuses({.frequency_penalty = -3.0f}, "frequency_penalty");
+  refuses({.repetition_penalty = 0.0f}, "repetition_penalty");
+  refuses({.logit_bias = {{8, 1.0f}}}, "logit_bias");
+  refuses({.max_tokens = 0}, "max_tokens");
+  refuses({.max_tokens = 2, .min_tokens = 3}, "min_tokens");
+  refuses({.stop_token_ids = {-1}}, "stop_token_ids");
+  refuses({.logprobs = 6}, "logprobs");
+  EXPECT_NO_THROW(validate_sampling_params({.top_k = -1, .logprobs = 5}, 8, 5));
+}
+
+}  // namespace
+}  // namespace kestrel
