@@ -20,70 +20,23 @@
 
 #include "../formats/safetensors_builder.h"
 #include "golden_fixture.h"
+#include "kestrel_process.h"
 #include "base/npy.h"
 
 namespace kestrel {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::lines_of;
+using testing::Outcome;
+using testing::quote;
+using testing::run_kestrel;
 using testing::ScratchDir;
 
 constexpr const char* kFixture = "bf16_hc4_kp4";
 constexpr int64_t kVocab = 256;
 
 std::string fixture_dir() { return testing::golden_dir(kFixture); }
-
-// Single-quoted for /bin/sh.
-std::string quote(const std::string& text) {
-  std::string quoted = "'";
-  for (const char c : text) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return quoted + "'";
-}
-
-std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
-std::vector<std::string> lines_of(const std::string& text) {
-  std::vector<std::string> lines;
-  std::istringstream in(text);
-  for (std::string line; std::getline(in, line);) lines.push_back(line);
-  return lines;
-}
-
-struct Outcome {
-  int status = -1;  // exit status, or -1 if the process did not exit normally (e.g. a signal)
-  std::string out, err;
-
-  // stderr without the log lines ("[kestrel info] ...").
-  std::vector<std::string> error_lines() const {
-    std::vector<std::string> kept;
-    for (const std::string& line : lines_of(err)) {
-      if (!line.starts_with("[kestrel ")) kept.push_back(line);
-    }
-    return kept;
-  }
-};
-
-// Runs the kestrel binary with `args` (already quoted), stdout through popen, stderr into a scratch file.
-Outcome run_kestrel(const std::string& args) {
-  const ScratchDir scratch;
-  const std::string err_path = scratch.file("stderr.txt");
-  const std::string command = quote(KESTREL_BINARY) + " " + args + " 2>" + quote(err_path);
-  Outcome outcome;
-  FILE* pipe = ::popen(command.c_str(), "r");
-  if (pipe == nullptr) {
-    ADD_FAILURE() << "popen failed for: " << command;
-    return outcome;
-  }
-  std::array<char, 4096> buffer{};
-  for (size_t n; (n = std::fread(buffer.data(), 1, buffer.size(), pipe)) > 0;) outcome.out.append(buffer.data(), n);
-  const int raw = ::pclose(pipe);
-  outcome.status = raw != -1 && WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
-  outcome.err = read_text(err_path);
-  return outcome;
-}
 
 std::string join(const std::vector<int32_t>& tokens) {
   std::string text;

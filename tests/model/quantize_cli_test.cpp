@@ -21,41 +21,19 @@
 #include "formats/checkpoint.h"
 #include "formats/exl3_codec.h"
 #include "golden_fixture.h"
+#include "kestrel_process.h"
 
 namespace kestrel {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::Outcome;
+using testing::quote;
+using testing::read_text;
+using testing::run_kestrel;
 using testing::ScratchDir;
 
 constexpr const char* kFixture = "f32_hc4_kp4_shared_vision";
-
-std::string quote(const std::string& text) {
-  std::string quoted = "'";
-  for (const char c : text) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return quoted + "'";
-}
-
-std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
-struct Outcome {
-  int status = -1;
-  std::string err;
-};
-
-Outcome run_kestrel(const std::string& args) {
-  const ScratchDir scratch;
-  const std::string err_path = scratch.file("stderr.txt");
-  const std::string command = quote(KESTREL_BINARY) + " " + args + " >/dev/null 2>" + quote(err_path);
-  const int raw = std::system(command.c_str());
-  Outcome outcome;
-  outcome.status = raw != -1 && WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
-  outcome.err = read_text(err_path);
-  return outcome;
-}
 
 // A byte-level BPE with no merges: every UTF-8 byte is one token, ids 0..255, so that any text fits the fixture's
 // 256-token vocabulary.
