@@ -133,6 +133,12 @@ Action add_serve_command(CLI::App& app) {
     });
     std::printf("kestrel serve: model %s ready on http://%s:%u\n", serve.served_model_name.c_str(), o->host.c_str(),
                 static_cast<unsigned>(http.port()));
+    // A request to paste, addressed to where a local client reaches the server.
+    const std::string reach = (o->host == "0.0.0.0" || o->host == "::") ? "localhost" : o->host;
+    std::printf("try: curl http://%s:%u/v1/chat/completions -H 'Content-Type: application/json'%s -d '{\"model\": "
+                "\"%s\", \"messages\": [{\"role\": \"user\", \"content\": \"Hello!\"}]}'\n",
+                reach.c_str(), static_cast<unsigned>(http.port()),
+                api_key ? " -H \"Authorization: Bearer <api key>\"" : "", serve.served_model_name.c_str());
     std::fflush(stdout);
     http.run();
     if (drainer.joinable()) drainer.join();

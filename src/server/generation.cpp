@@ -102,14 +102,8 @@ void Generation::on_output(size_t stream_index, const RequestOutput& output) {
     last_token_time_[index] = now;
   }
   const ChoiceUpdate update = choice.add(output);
-  if (choice.stopped_by_string()) {
-    // A stop string ended this choice; the engine request can go once every sibling is done too.
-    bool siblings_done = true;
-    for (size_t c = s.first_choice; c < s.first_choice + static_cast<size_t>(request_.sampling.n); ++c) {
-      siblings_done = siblings_done && choices_[c].finished();
-    }
-    if (siblings_done) s.stream->abort();
-  }
+  // A stop string ended this choice: the engine stops generating it now, its siblings go on.
+  if (choice.stopped_by_string()) s.stream->stop(output.index);
   if (request_.stream) stream_update(index, update);
 }
 

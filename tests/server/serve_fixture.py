@@ -24,9 +24,9 @@ API_KEY = "sk-test-kestrel"
 class Server:
     """A running `kestrel serve --port 0`; the port is read from its ready line."""
 
-    def __init__(self, *extra, api_key=None, env=None):
+    def __init__(self, *extra, api_key=None, env=None, model=MODEL, name=MODEL_NAME):
         defaults = {"--max-model-len": "512", "--max-num-seqs": "16"}  # `extra` may override these
-        args = [BINARY, "serve", "--model", MODEL, "--served-model-name", MODEL_NAME, "--host", "127.0.0.1",
+        args = [BINARY, "serve", "--model", model, "--served-model-name", name, "--host", "127.0.0.1",
                 "--port", "0", "--tool-call-parser", "glm47", "--reasoning-parser", "glm45",
                 "--enable-auto-tool-choice", *extra]
         for flag, value in defaults.items():
