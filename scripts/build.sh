@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Configures and builds Kestrel. Usage: scripts/build.sh [release|sanitize] (default release).
+# Configures and builds Kestrel. Usage: scripts/build.sh [release|sanitize] [target...] (default: release, everything).
 #   release  -> build/         optimised
 #   sanitize -> build-sanitize/ AddressSanitizer + UndefinedBehaviorSanitizer, -O1 -g
 set -euo pipefail
@@ -14,4 +14,4 @@ esac
 # The server end-to-end suites run under this interpreter (scripts/test.sh sets it to its venv).
 [ -n "${KESTREL_TEST_PYTHON:-}" ] && flags+=("-DKESTREL_TEST_PYTHON=$KESTREL_TEST_PYTHON")
 cmake -S . -B "$dir" -G Ninja "${flags[@]}" > /dev/null
-cmake --build "$dir" -j "$(nproc)"
+cmake --build "$dir" -j "$(nproc)" ${2:+--target "${@:2}"}
