@@ -5,16 +5,16 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 scripts/build.sh release kestrel
-defaults=(--model models/glm5-nano --served-model-name glm5-nano --port 8888 --max-model-len 4096
-          --tool-call-parser glm47 --reasoning-parser glm45)
+given() {  # given FLAG ARGS...: whether the caller passed FLAG (as FLAG VALUE or FLAG=VALUE)
+  local flag=$1 a
+  shift
+  for a in "$@"; do [[ "$a" == "$flag" || "$a" == "$flag="* ]] && return 0; done
+  return 1
+}
 args=()
-for ((i = 0; i < ${#defaults[@]}; i += 2)); do
-  flag=${defaults[i]}
-  given=0
-  for a in "$@"; do [[ "$a" == "$flag" || "$a" == "$flag="* ]] && given=1; done
-  [ "$given" = 1 ] || args+=("$flag" "${defaults[i + 1]}")
+for pair in "--model models/glm5-nano" "--served-model-name glm5-nano" "--port 8888" "--max-model-len 4096" \
+            "--tool-call-parser glm47" "--reasoning-parser glm45" "--enable-auto-tool-choice"; do
+  read -r -a words <<< "$pair"
+  given "${words[0]}" "$@" || args+=("${words[@]}")
 done
-given=0
-for a in "$@"; do [ "$a" = --enable-auto-tool-choice ] && given=1; done
-[ "$given" = 1 ] || args+=(--enable-auto-tool-choice)
 exec build/kestrel serve "${args[@]}" "$@"

@@ -132,6 +132,30 @@ def write_safetensors(path, tensors):
             f.write(b)
 
 
+def write_text_files(out, tok, config, template):
+    """tokenizer.json, chat_template.jinja, tokenizer_config.json and generation_config.json, and config.json with
+    GLM's special-token ids (EOS, pad, image/video markers) taken from `tok`."""
+    tok.save(os.path.join(out, "tokenizer.json"))
+    ids = {t: tok.token_to_id(t) for t in SPECIAL + TAGS}
+    eos = [ids["<|endoftext|>"], ids["<|user|>"], ids["<|observation|>"]]
+    text = config["text_config"]
+    text["eos_token_id"] = eos
+    text["pad_token_id"] = ids["<|endoftext|>"]
+    for key, token in (("image_start_token_id", "<|begin_of_image|>"), ("image_end_token_id", "<|end_of_image|>"),
+                       ("video_start_token_id", "<|begin_of_video|>"), ("video_end_token_id", "<|end_of_video|>"),
+                       ("image_token_id", "<|image|>"), ("video_token_id", "<|video|>")):
+        config[key] = ids[token]
+    json.dump(config, open(os.path.join(out, "config.json"), "w"), indent=2, sort_keys=True)
+    json.dump({"eos_token_id": eos, "pad_token_id": ids["<|endoftext|>"], "do_sample": True,
+               "temperature": 1.0, "top_p": 0.95},
+              open(os.path.join(out, "generation_config.json"), "w"), indent=2)
+    json.dump({"tokenizer_class": "TokenizersBackend", "model_max_length": 4096, "padding_side": "left",
+               "eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>", "clean_up_tokenization_spaces": False,
+               "do_lower_case": False, "remove_space": False},
+              open(os.path.join(out, "tokenizer_config.json"), "w"), indent=2)
+    shutil.copyfile(template, os.path.join(out, "chat_template.jinja"))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.path.join(ROOT, "tests", "data", "serve_model"))
@@ -139,28 +163,10 @@ def main():
     os.makedirs(args.out, exist_ok=True)
 
     tok = train_tokenizer()
-    tok.save(os.path.join(args.out, "tokenizer.json"))
-    ids = {t: tok.token_to_id(t) for t in SPECIAL + TAGS}
-    eos = [ids["<|endoftext|>"], ids["<|user|>"], ids["<|observation|>"]]
-
     config = json.load(open(os.path.join(GOLDEN, "config.json")))
+    config["text_config"]["vocab_size"] = VOCAB
+    write_text_files(args.out, tok, config, TEMPLATE)
     text = config["text_config"]
-    text["vocab_size"] = VOCAB
-    text["eos_token_id"] = eos
-    text["pad_token_id"] = ids["<|endoftext|>"]
-    for key, token in (("image_start_token_id", "<|begin_of_image|>"), ("image_end_token_id", "<|end_of_image|>"),
-                       ("video_start_token_id", "<|begin_of_video|>"), ("video_end_token_id", "<|end_of_video|>"),
-                       ("image_token_id", "<|image|>"), ("video_token_id", "<|video|>")):
-        config[key] = ids[token]
-    json.dump(config, open(os.path.join(args.out, "config.json"), "w"), indent=2, sort_keys=True)
-    json.dump({"eos_token_id": eos, "pad_token_id": ids["<|endoftext|>"], "do_sample": True,
-               "temperature": 1.0, "top_p": 0.95},
-              open(os.path.join(args.out, "generation_config.json"), "w"), indent=2)
-    json.dump({"tokenizer_class": "TokenizersBackend", "model_max_length": 4096, "padding_side": "left",
-               "eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>", "clean_up_tokenization_spaces": False,
-               "do_lower_case": False, "remove_space": False},
-              open(os.path.join(args.out, "tokenizer_config.json"), "w"), indent=2)
-    shutil.copyfile(TEMPLATE, os.path.join(args.out, "chat_template.jinja"))
 
     rng = np.random.default_rng(SEED)
     hidden = text["hidden_size"]
@@ -172,7 +178,7 @@ def main():
         data = to_bf16_bytes(values) if dtype == "BF16" else values.astype("<f4").tobytes()
         tensors[name] = (dtype, shape, data)
     write_safetensors(os.path.join(args.out, "model.safetensors"), tensors)
-    print(f"wrote {args.out}: vocab {VOCAB}, eos {eos}, {len(tensors)} tensors")
+    print(f"wrote {args.out}: vocab {VOCAB}, eos {text['eos_token_id']}, {len(tensors)} tensors")
 
 
 if __name__ == "__main__":

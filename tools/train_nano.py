@@ -51,7 +51,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import nano_data  # noqa: E402
 from make_golden import DSA, F32_KEEP_SUFFIXES, KDA, LM, module_to_hub_experts, read_checkpoint  # noqa: E402
 from make_golden import write_checkpoint  # noqa: E402
-from make_serve_fixture import SPECIAL, TAGS  # noqa: E402
+from make_serve_fixture import SPECIAL, TAGS, write_text_files  # noqa: E402
 
 transformers.logging.set_verbosity_error()
 
@@ -352,24 +352,9 @@ def save(model, mtp, tok, out, tmp):
     write_checkpoint(out, tensors, where)
 
     cfg = json.load(open(os.path.join(raw, "config.json")))
-    ids = {t: tok.token_to_id(t) for t in SPECIAL + TAGS}
-    eos = [ids["<|endoftext|>"], ids["<|user|>"], ids["<|observation|>"]]
     cfg["dtype"] = "bfloat16"
-    text = cfg["text_config"]
-    text.update(dtype="bfloat16", num_nextn_predict_layers=1, eos_token_id=eos, pad_token_id=ids["<|endoftext|>"])
-    for key, token in (("image_start_token_id", "<|begin_of_image|>"), ("image_end_token_id", "<|end_of_image|>"),
-                       ("video_start_token_id", "<|begin_of_video|>"), ("video_end_token_id", "<|end_of_video|>"),
-                       ("image_token_id", "<|image|>"), ("video_token_id", "<|video|>")):
-        cfg[key] = ids[token]
-    json.dump(cfg, open(os.path.join(out, "config.json"), "w"), indent=2, sort_keys=True)
-    json.dump({"eos_token_id": eos, "pad_token_id": ids["<|endoftext|>"], "do_sample": True, "temperature": 1.0,
-               "top_p": 0.95}, open(os.path.join(out, "generation_config.json"), "w"), indent=2)
-    tok.save(os.path.join(out, "tokenizer.json"))
-    json.dump({"tokenizer_class": "TokenizersBackend", "model_max_length": 4096, "padding_side": "left",
-               "eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>", "clean_up_tokenization_spaces": False,
-               "do_lower_case": False, "remove_space": False},
-              open(os.path.join(out, "tokenizer_config.json"), "w"), indent=2)
-    shutil.copyfile(TEMPLATE, os.path.join(out, "chat_template.jinja"))
+    cfg["text_config"].update(dtype="bfloat16", num_nextn_predict_layers=1)
+    write_text_files(out, tok, cfg, TEMPLATE)
 
 
 @torch.no_grad()
