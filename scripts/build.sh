@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 kind="${1:-release}"
 case "$kind" in
   release) dir=build; flags=(-DCMAKE_BUILD_TYPE=Release) ;;
-  sanitize) dir=build-sanitize; flags=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DKESTREL_SANITIZE=ON
+  sanitize) dir=build-sanitize; flags=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DKESTREL_SANITIZE=ON -DKESTREL_CUDA=OFF
                                       "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g") ;;
   *) echo "usage: $0 [release|sanitize]" >&2; exit 2 ;;
 esac

@@ -4,6 +4,10 @@
 Runs on the GPU machine (transformers 5.17's own Glm5NextForConditionalGeneration, torch with CUDA):
 
     python3 tools/train_nano.py --out DIR [--minutes 8]
+    python3 tools/train_nano.py --out DIR2 --init DIR --seed 54 --lr 1e-3   # continue DIR on new conversations
+
+flash-linear-attention's Triton KDA kernels are used when installed (checked first with --kda-check); --profile
+prints where a training step's time goes.
 
 Stages:
   1. tokenizer   byte-level BPE (HF tokenizers) with GLM-4's pre-tokenizer regex and GLM-5.3's added tokens,
@@ -34,9 +38,13 @@ import shutil
 import sys
 import time
 
+# No kernels from the hub (the GPU machine is offline). flash-linear-attention's Triton KDA kernels are used when the
+# package is installed (`--kda-check` compares them with transformers' torch reference first); NANO_TORCH_KDA=1 or
+# its absence leaves transformers on the torch loops, which are exact but launch-bound.
 os.environ.setdefault("USE_HUB_KERNELS", "0")
-for _m in ("fla", "causal_conv1d"):
-    sys.modules.setdefault(_m, None)
+sys.modules.setdefault("causal_conv1d", None)
+if os.environ.get("NANO_TORCH_KDA") == "1":
+    sys.modules.setdefault("fla", None)
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -219,6 +227,42 @@ class NextNLayer(nn.Module):
         return module_to_hub_experts(f"{LM}layers.{layer}.", [(k, v.detach().float().cpu()) for k, v in items])
 
 
+def module_state_from_hub(tensors, prefix):
+    """Inverse of NextNLayer.hub_tensors: the tensors under `prefix` (hub names, one matrix per expert) -> the
+    module's state dict (experts fused as transformers holds them: gate_up_proj [E, 2I, H], down_proj [E, H, I])."""
+    state, gate, up, down = {}, {}, {}, {}
+    for name, t in tensors.items():
+        if not name.startswith(prefix):
+            continue
+        k = name[len(prefix):]
+        parts = k.split(".")
+        if "experts" in parts and parts[-1] == "weight" and parts[-2] in ("gate_proj", "up_proj", "down_proj"):
+            i = parts.index("experts")
+            base, e = ".".join(parts[:i + 1]), int(parts[i + 1])
+            {"gate_proj": gate, "up_proj": up, "down_proj": down}[parts[-2]].setdefault(base, {})[e] = t
+        else:
+            state["shared_head_norm.weight" if k == "shared_head.norm.weight" else k] = t
+    for base in gate:
+        n = len(gate[base])
+        state[base + ".gate_up_proj"] = torch.stack([torch.cat([gate[base][e], up[base][e]]) for e in range(n)])
+        state[base + ".down_proj"] = torch.stack([down[base][e] for e in range(n)])
+    return state
+
+
+def load_initial_weights(model, mtp, directory):
+    """Continue training from a checkpoint this script saved: the model through transformers' own loader (hub
+    layout), the MTP block from `layers.{num_hidden_layers}`. Shapes must match TEXT_CONFIG."""
+    loaded = Glm5NextForConditionalGeneration.from_pretrained(directory, dtype=torch.float32)
+    missing, unexpected = model.load_state_dict(loaded.state_dict(), strict=False)
+    missing = [k for k in missing if not k.startswith("model.visual.")]
+    assert not missing and not unexpected, (missing, unexpected)
+    tensors, _ = read_checkpoint(directory)
+    layer = model.config.text_config.num_hidden_layers
+    state = module_state_from_hub(tensors, f"{LM}layers.{layer}.")
+    mtp.load_state_dict({k: v.float() for k, v in state.items()}, strict=True)
+    log(f"init: model and MTP weights from {directory}")
+
+
 class ExpertBalancer:
     """Aux-loss-free balancing: after each step every router's bias moves toward under-used experts."""
 
@@ -318,6 +362,11 @@ def train(model, mtp, data, args, device, pad):
             for g in opt.param_groups:
                 g["lr"] = lr
             ids, mask = collate(rows, idx, pad, device)
+            profiling = args.profile and step == 3
+            if profiling:
+                profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU] + (
+                    [torch.profiler.ProfilerActivity.CUDA] if device.type == "cuda" else []))
+                profiler.__enter__()
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
                 main, aux, _, _ = losses(model, mtp, ids, mask)
             loss = main + 0.3 * aux
@@ -326,6 +375,14 @@ def train(model, mtp, data, args, device, pad):
             norm = torch.nn.utils.clip_grad_norm_(params, 1.0)
             opt.step()
             imbalance = balancer.step()
+            if profiling:
+                profiler.__exit__(None, None, None)
+                averages = profiler.key_averages()
+                for key in ("self_cuda_time_total", "self_cpu_time_total"):
+                    if key == "self_cuda_time_total" and device.type != "cuda":
+                        continue
+                    log(f"profile of step 4 by {key}:\n" + averages.table(sort_by=key, row_limit=25))
+                log(f"profile: {sum(a.count for a in averages)} op calls in step 4")
             step += 1
             if step % 50 == 0 or step == 1:
                 log(f"step {step} ep {epoch} lr {lr:.2e} loss {main.item():.4f} mtp {aux.item():.4f} "
@@ -404,7 +461,35 @@ def generate_samples(model, tok, device):
     return results, n / sum(t[1] for t in timing)
 
 
+def kda_kernel_check(device):
+    """Exit status 0 when the KDA kernel transformers dispatches to (fla's chunk_kda when installed) agrees with
+    transformers' torch reference on outputs and input gradients; 1 otherwise."""
+    import inspect
+    kernel = glm_mod.chunk_kimi_delta_attention
+    reference = inspect.unwrap(kernel)
+    log("kda check: kernel from", "flash-linear-attention" if sys.modules.get("fla") else "transformers (torch)")
+    torch.manual_seed(0)
+    b, t, h, d = 2, 300, 4, 64
+    shapes = [(b, t, h, d)] * 3 + [(b, t, h, d), (b, t, h)]
+    base = [torch.randn(s, device=device) for s in shapes]
+    base[3] = -5.0 * torch.sigmoid(base[3])  # the forget gate's range: log decay in (-5, 0)
+    base[4] = torch.sigmoid(base[4])
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32  # what training feeds under autocast
+    results = []
+    for fn in (kernel, reference):
+        xs = [x.to(dtype).requires_grad_(True) for x in base]
+        out, _ = fn(xs[0], xs[1], xs[2], g=xs[3], beta=xs[4], initial_state=None, output_final_state=False,
+                    use_qk_l2norm_in_kernel=True)
+        out.float().square().sum().backward()
+        results.append([out.detach().float()] + [x.grad.float() for x in xs])
+    worst = max(((a - r).abs().max() / r.abs().max().clamp_min(1e-6)).item() for a, r in zip(*results))
+    log(f"kda check: worst relative difference {worst:.2e} (output and 5 gradients)")
+    return 0 if worst < 5e-2 else 1
+
+
 def main():
+    if "--kda-check" in sys.argv:
+        sys.exit(kda_kernel_check(torch.device("cuda" if torch.cuda.is_available() else "cpu")))
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--minutes", type=float, default=8.0)
@@ -415,13 +500,17 @@ def main():
     ap.add_argument("--max-len", type=int, default=MAX_LEN, help="drop longer conversations (smoke runs)")
     ap.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 1))
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--profile", action="store_true", help="print torch.profiler tables of training step 4")
+    ap.add_argument("--init", help="continue from a checkpoint this script saved (its tokenizer and weights)")
+    ap.add_argument("--seed", type=int, default=53, help="seed of the generated conversations")
     args = ap.parse_args()
     device = torch.device(args.device)
     t_start = time.time()
 
-    samples = nano_data.make_samples(args.samples, seed=53)
+    samples = nano_data.make_samples(args.samples, seed=args.seed)
     held_out = nano_data.make_samples(512, seed=9001)
-    tok = train_tokenizer(samples[:20000])
+    # A continued run keeps its tokenizer: the token ids are the embedding rows it learned.
+    tok = Tokenizer.from_file(os.path.join(args.init, "tokenizer.json")) if args.init else train_tokenizer(samples[:20000])
     log(f"tokenizer: {tok.get_vocab_size()} entries")
     data = encode_all(tok, samples, args.workers, args.max_len)
     val = encode_all(tok, held_out, args.workers, args.max_len)
@@ -441,6 +530,8 @@ def main():
     mtp = NextNLayer(model.config.text_config).to(device)
     for m in mtp.modules():
         model.model.language_model._init_weights(m)
+    if args.init:
+        load_initial_weights(model, mtp, args.init)
     n_params = sum(p.numel() for n, p in model.named_parameters() if not n.startswith("model.visual."))
     n_mtp = sum(p.numel() for p in mtp.parameters())
     log(f"model: {n_params / 1e6:.2f} M parameters + MTP {n_mtp / 1e6:.2f} M; setup {time.time() - t_start:.0f} s")
@@ -454,7 +545,7 @@ def main():
     samples_out, tok_per_s = generate_samples(model.to(torch.bfloat16).eval(), tok, device)
     for s in samples_out:
         log("generate:", repr(s["completion"]))
-    report = {"steps": steps, "minutes": args.minutes, "held_out_exact": exact, "held_out_token_accuracy": token_acc,
+    report = {"steps": steps, "minutes": args.minutes, "init": args.init, "seed": args.seed, "held_out_exact": exact, "held_out_token_accuracy": token_acc,
               "parameters": n_params, "mtp_parameters": n_mtp, "transformers_decode_tok_per_s": tok_per_s,
               "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
               "torch": torch.__version__, "transformers": transformers.__version__,

@@ -1,0 +1,101 @@
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "backend/cuda/dense_kernels.h"
+
+namespace kestrel::cuda {
+
+namespace {
+
+constexpr int kTokensPerPass = 8;
+constexpr int kWarpsPerBlock = 8;
+
+template <typename W>
+__device__ __forceinline__ float to_float(W w) {
+  if constexpr (std::is_same_v<W, __nv_bfloat16>) {
+    return __bfloat162float(w);
+  } else if constexpr (std::is_same_v<W, __half>) {
+    return __half2float(w);
+  } else {
+    return w;
+  }
+}
+
+// Lane l reads 16-byte vectors l, l + 32, ... of the row (kVector weights each), so a warp's loads are coalesced
+// 512-byte runs; rows whose length is not a multiple of kVector (or not 16-byte aligned) take the scalar loop.
+template <typename W>
+__global__ void __launch_bounds__(32 * kWarpsPerBlock)
+    dense_gemv(const W* weight, int64_t out_features, int64_t in_features, const float* x, int num_tokens, float* y) {
+  constexpr int kVector = 16 / sizeof(W);
+  const int lane = static_cast<int>(threadIdx.x & 31u);
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  if (row >= out_features) return;
+  const W* w = weight + row * in_features;
+  float acc[kTokensPerPass] = {};
+  const bool aligned = ((reinterpret_cast<uintptr_t>(weight) | reinterpret_cast<uintptr_t>(x)) & 15u) == 0;
+  if (aligned && in_features % kVector == 0) {
+    const int64_t vectors = in_features / kVector;
+    for (int64_t v = lane; v < vectors; v += 32) {
+      const uint4 packed = __ldcs(reinterpret_cast<const uint4*>(w) + v);
+      const W* values = reinterpret_cast<const W*>(&packed);
+      float wf[kVector];
+#pragma unroll
+      for (int j = 0; j < kVector; ++j) wf[j] = to_float(values[j]);
+      for (int t = 0; t < num_tokens; ++t) {
+        const float4* xv = reinterpret_cast<const float4*>(x + t * in_features + v * kVector);
+        float sum = 0.0f;
+#pragma unroll
+        for (int q = 0; q < kVector / 4; ++q) {
+          const float4 xq = xv[q];
+          sum += xq.x * wf[4 * q] + xq.y * wf[4 * q + 1] + xq.z * wf[4 * q + 2] + xq.w * wf[4 * q + 3];
+        }
+        acc[t] += sum;
+      }
+    }
+  } else {
+    for (int64_t i = lane; i < in_features; i += 32) {
+      const float wi = to_float(w[i]);
+      for (int t = 0; t < num_tokens; ++t) acc[t] += wi * x[t * in_features + i];
+    }
+  }
+  for (int t = 0; t < num_tokens; ++t) {
+    float v = acc[t];
+    for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, offset);
+    if (lane == 0) y[t * out_features + row] = v;
+  }
+}
+
+template <typename W>
+void launch(const void* weight, int64_t out_features, int64_t in_features, const float* x, int64_t num_tokens,
+            float* y, cudaStream_t stream) {
+  const auto blocks = static_cast<unsigned>((out_features + kWarpsPerBlock - 1) / kWarpsPerBlock);
+  for (int64_t t = 0; t < num_tokens; t += kTokensPerPass) {
+    const int n = static_cast<int>(std::min<int64_t>(kTokensPerPass, num_tokens - t));
+    dense_gemv<W><<<blocks, 32 * kWarpsPerBlock, 0, stream>>>(static_cast<const W*>(weight), out_features,
+                                                              in_features, x + t * in_features, n,
+                                                              y + t * out_features);
+  }
+}
+
+}  // namespace
+
+cudaError_t dense_linear(const void* weight, DenseWeightType type, int64_t out_features, int64_t in_features,
+                         const float* x, int64_t num_tokens, float* y, cudaStream_t stream) {
+  switch (type) {
+    case DenseWeightType::f32:
+      launch<float>(weight, out_features, in_features, x, num_tokens, y, stream);
+      break;
+    case DenseWeightType::f16:
+      launch<__half>(weight, out_features, in_features, x, num_tokens, y, stream);
+      break;
+    case DenseWeightType::bf16:
+      launch<__nv_bfloat16>(weight, out_features, in_features, x, num_tokens, y, stream);
+      break;
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace kestrel::cuda

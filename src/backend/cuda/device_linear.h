@@ -1,0 +1,52 @@
+// A checkpoint matrix (LinearWeight) copied to GPU memory in its on-disk format, with the kernel that applies it:
+// the EXL3 trellis GEMV for EXL3 matrices, the dense GEMV for f32/f16/bf16. Block-fp8 is refused with a clear
+// error until its kernel exists.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <string>
+
+#include "backend/cuda/cuda_runtime.h"
+#include "backend/cuda/dense_kernels.h"
+#include "backend/cuda/exl3_kernels.h"
+#include "backend/linear_weight.h"
+
+namespace kestrel::cuda {
+
+// Float scratch for kernels that need temporaries; grows on demand (growing synchronises the device).
+class Scratch {
+public:
+  float* floats(size_t count);
+
+private:
+  DeviceBuffer buffer_;
+};
+
+class DeviceLinear {
+public:
+  // Copies `weight` to the current device; `sm_count` sizes the EXL3 k-split.
+  static DeviceLinear upload(const LinearWeight& weight, int sm_count);
+
+  // y[T, out_features] = x[T, in_features] W^T; x and y are float32 device memory.
+  void forward(const float* x, int64_t num_tokens, float* y, Scratch& scratch, cudaStream_t stream) const;
+
+  const std::string& name() const { return name_; }
+  int64_t in_features() const { return in_features_; }
+  int64_t out_features() const { return out_features_; }
+  // Bytes of weight data one call reads (the trellis and scales for EXL3).
+  size_t weight_bytes() const { return weight_bytes_; }
+
+private:
+  std::string name_;
+  int64_t in_features_ = 0, out_features_ = 0;
+  size_t weight_bytes_ = 0;
+  DeviceBuffer data_, suh_, svh_, counters_;
+  bool exl3_ = false;
+  Exl3DeviceView view_;
+  Exl3Plan plan_;
+  DenseWeightType dense_type_ = DenseWeightType::f32;
+};
+
+}  // namespace kestrel::cuda

@@ -1,0 +1,229 @@
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <utility>
+
+#include "backend/cuda/exl3_kernels.h"
+#include "backend/cuda/hadamard_warp.cuh"
+
+namespace kestrel::cuda {
+
+namespace {
+
+constexpr int kTokensPerPass = 8;  // accumulators per lane: 2 columns x this many tokens
+constexpr int kWarpsPerBlock = 8;  // 8 strips of 16 columns: one 128-column output Hadamard block
+constexpr int kTilesInFlight = 4;
+constexpr int64_t kMaxSliceTiles = 64;
+
+// The fp16 value of a 16-bit trellis state (§2.5), bit-exact with exl3::decode_state.
+template <int Codebook>
+__device__ __forceinline__ float codebook_value(uint32_t state) {
+  if constexpr (Codebook == 2) {  // MUL1: (1024 + byte sum of state * M) * fp16(0x1EEE) + fp16(0xC931), one rounding
+    const uint32_t x = state * 0x83DCD12Du;
+    const uint32_t byte_sum = (x & 0xFFu) + ((x >> 8) & 0xFFu) + ((x >> 16) & 0xFFu) + (x >> 24);
+    const float scale = __half2float(__ushort_as_half(0x1EEE)), bias = __half2float(__ushort_as_half(0xC931));
+    return __half2float(__float2half_rn(static_cast<float>(1024u + byte_sum) * scale + bias));
+  } else {  // 3INST (0) and MCG (1): the sum of the two fp16 halves of the masked product
+    uint32_t x = Codebook == 0 ? state * 89226354u + 64248484u : state * 0xCBAC1FEDu;
+    x = (x & 0x8FFF8FFFu) ^ 0x3B603B60u;
+    return __half2float(__hadd(__ushort_as_half(static_cast<unsigned short>(x & 0xFFFFu)),
+                               __ushort_as_half(static_cast<unsigned short>(x >> 16))));
+  }
+}
+
+// One launch per 8 tokens. Block (c, s) owns output columns [128c, 128c + 128), one output Hadamard block, and k
+// slice s (a multiple of 128 rows, one or more input Hadamard blocks):
+//  1. it rotates its slice of the inputs, (x ⊙ suh)·H128 per block, into shared memory;
+//  2. warp w multiplies them by the 16-column tile strip 8c + w of Ŵ, decoding the trellis in registers: lane l
+//     decodes positions 8l..8l+7 of each tile, rows 2(l%4) + {0,1,8,9} and columns l/4 + {0,8} (exl3::tile_coord),
+//     and the four lanes sharing a column are summed by shuffles; the sums go to partial[s];
+//  3. the last slice to finish column block c (a counter per block, reset by that last block) adds the partials in
+//     slice order, so the result does not depend on timing, and applies the output rotation and svh.
+// State p of a tile is the 16-bit window ending at bit (p + 1) * Bits of its circular MSB-first stream of 32-bit
+// words, so a lane's 8 states lie in the 72 bits from (8l + 1) * Bits - 16: four words, funnel-shifted to start
+// there, after which every window is at a compile-time offset.
+struct GemvParams {
+  const uint32_t* trellis;
+  const uint16_t* suh;
+  const uint16_t* svh;
+  const float* x;
+  float* y;
+  float* partial;      // [splits, kTokensPerPass, out_padded]
+  unsigned* counters;  // [out_padded / 128], zero between launches
+  int64_t in_features, out_features, in_padded, out_padded;
+  int64_t slice_tiles;
+  int num_tokens, splits;
+};
+
+template <int Bits, int Codebook>
+__global__ void __launch_bounds__(32 * kWarpsPerBlock) trellis_gemv(GemvParams p) {
+  constexpr int kWords = 8 * Bits, kStreamBits = 256 * Bits;
+  extern __shared__ float rotated[];  // [num_tokens, slice_tiles * 16]
+  __shared__ bool last_slice;
+  const int warp = static_cast<int>(threadIdx.x / 32), lane = static_cast<int>(threadIdx.x & 31u);
+  const int64_t tiles_k = p.in_padded / 16, tiles_n = p.out_padded / 16;
+  const int64_t slice = blockIdx.y;
+  const int64_t a_begin = slice * p.slice_tiles, a_end = min(tiles_k, a_begin + p.slice_tiles);
+  const int64_t stride = p.slice_tiles * 16;
+
+  // 1. This slice's rotated inputs: one warp per (token, 128-row block).
+  const int64_t row_blocks = (a_end - a_begin) / 8;
+  for (int64_t job = warp; job < p.num_tokens * row_blocks; job += kWarpsPerBlock) {
+    const int64_t t = job / row_blocks, row = job % row_blocks * 128 + lane * 4;
+    float v[4];
+    for (int j = 0; j < 4; ++j) {
+      const int64_t i = a_begin * 16 + row + j;
+      v[j] = i < p.in_features ? p.x[t * p.in_features + i] * __half2float(__ushort_as_half(p.suh[i])) : 0.0f;
+    }
+    hadamard128_warp(v);
+    for (int j = 0; j < 4; ++j) rotated[t * stride + row + j] = v[j];
+  }
+  __syncthreads();
+
+  // 2. The strip's partial sums over this slice.
+  const int64_t strip = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + warp;
+  const int first_bit = (8 * lane + 1) * Bits - 16 + kStreamBits;  // made positive: the stream is circular
+  const int first_word = (first_bit >> 5) % kWords, shift = first_bit & 31;
+  const int row0 = 2 * (lane % 4);
+  float acc[kTokensPerPass][2];
+  for (int t = 0; t < kTokensPerPass; ++t) acc[t][0] = acc[t][1] = 0.0f;
+  // Tiles go in groups of kTilesInFlight whose words are all requested before any is decoded: a warp keeps that
+  // many loads in flight instead of waiting out the memory latency once per tile.
+  for (int64_t group = a_begin; group < a_end; group += kTilesInFlight) {
+    uint32_t raw[kTilesInFlight][4];
+#pragma unroll
+    for (int u = 0; u < kTilesInFlight; ++u) {
+      const int64_t a = min(group + u, a_end - 1);  // past the slice's end: a repeated tile, loaded and ignored
+      const uint32_t* record = p.trellis + (a * tiles_n + strip) * kWords;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) raw[u][i] = __ldcs(record + (first_word + i) % kWords);
+    }
+#pragma unroll
+    for (int u = 0; u < kTilesInFlight; ++u) {
+      if (group + u >= a_end) break;
+      uint32_t bits[3];
+#pragma unroll
+      for (int i = 0; i < 3; ++i) bits[i] = __funnelshift_l(raw[u][i + 1], raw[u][i], shift);
+      float w[8];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const int offset = j * Bits, word = offset >> 5, within = offset & 31;
+        const uint64_t pair = (static_cast<uint64_t>(bits[word]) << 32) | (word + 1 < 3 ? bits[word + 1] : 0u);
+        w[j] = codebook_value<Codebook>(static_cast<uint32_t>(pair >> (48 - within)) & 0xFFFFu);
+      }
+      const float* rows = rotated + (group + u - a_begin) * 16 + row0;
+      for (int t = 0; t < p.num_tokens; ++t) {
+        const float* r = rows + t * stride;
+        const float x0 = r[0], x1 = r[1], x8 = r[8], x9 = r[9];
+        acc[t][0] += x0 * w[0] + x1 * w[1] + x8 * w[2] + x9 * w[3];
+        acc[t][1] += x0 * w[4] + x1 * w[5] + x8 * w[6] + x9 * w[7];
+      }
+    }
+  }
+  for (int t = 0; t < p.num_tokens; ++t) {
+    for (int half = 0; half < 2; ++half) {
+      float v = acc[t][half];
+      v += __shfl_xor_sync(0xFFFFFFFFu, v, 1);
+      v += __shfl_xor_sync(0xFFFFFFFFu, v, 2);
+      if (lane % 4 == 0) {
+        const int64_t column = strip * 16 + lane / 4 + 8 * half;
+        p.partial[(slice * kTokensPerPass + t) * p.out_padded + column] = v;
+      }
+    }
+  }
+
+  // 3. The last slice of this column block finishes it.
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    last_slice = atomicAdd(p.counters + blockIdx.x, 1u) == static_cast<unsigned>(p.splits - 1);
+    if (last_slice) p.counters[blockIdx.x] = 0;
+  }
+  __syncthreads();
+  if (!last_slice || warp >= p.num_tokens) return;
+  __threadfence();
+  const int64_t t = warp, base = static_cast<int64_t>(blockIdx.x) * 128 + lane * 4;
+  float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  for (int s = 0; s < p.splits; ++s) {
+    const float* row = p.partial + (s * kTokensPerPass + t) * p.out_padded + base;
+    for (int j = 0; j < 4; ++j) v[j] += __ldcg(row + j);
+  }
+  hadamard128_warp(v);
+  for (int j = 0; j < 4; ++j) {
+    const int64_t o = base + j;
+    if (o < p.out_features) p.y[t * p.out_features + o] = v[j] * __half2float(__ushort_as_half(p.svh[o]));
+  }
+}
+
+template <int Bits, int Codebook>
+void launch_gemv(GemvParams p, const float* x, int64_t num_tokens, float* y, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(p.out_padded / 128), static_cast<unsigned>(p.splits));
+  for (int64_t t = 0; t < num_tokens; t += kTokensPerPass) {
+    p.num_tokens = static_cast<int>(std::min<int64_t>(kTokensPerPass, num_tokens - t));
+    p.x = x + t * p.in_features;
+    p.y = y + t * p.out_features;
+    const size_t shared = static_cast<size_t>(p.num_tokens * p.slice_tiles * 16) * sizeof(float);
+    trellis_gemv<Bits, Codebook><<<grid, 32 * kWarpsPerBlock, shared, stream>>>(p);
+  }
+}
+
+template <int Bits>
+void launch_gemv_for_codebook(int codebook, const GemvParams& p, const float* x, int64_t num_tokens, float* y,
+                              cudaStream_t stream) {
+  switch (codebook) {
+    case 0:
+      return launch_gemv<Bits, 0>(p, x, num_tokens, y, stream);
+    case 1:
+      return launch_gemv<Bits, 1>(p, x, num_tokens, y, stream);
+    default:
+      return launch_gemv<Bits, 2>(p, x, num_tokens, y, stream);
+  }
+}
+
+template <int... Bits>
+void launch_gemv_for_bits(std::integer_sequence<int, Bits...>, int bits, int codebook, const GemvParams& p,
+                          const float* x, int64_t num_tokens, float* y, cudaStream_t stream) {
+  ((bits == Bits ? launch_gemv_for_codebook<Bits>(codebook, p, x, num_tokens, y, stream) : void()), ...);
+}
+
+}  // namespace
+
+Exl3Plan exl3_plan(const Exl3DeviceView& matrix, int sm_count) {
+  // About 32 warps per SM at batch 1; a slice is 8..64 tiles (128..1024 rows: its rotated inputs fit in 32 KB).
+  const int64_t tiles_k = matrix.in_padded / 16, tiles_n = matrix.out_padded / 16;
+  const int64_t wanted = std::max<int64_t>(1, int64_t{sm_count} * 32 / tiles_n);
+  const int64_t per_slice = (tiles_k + wanted - 1) / wanted;
+  const int64_t slice_tiles = std::clamp<int64_t>((per_slice + 7) / 8 * 8, 8, kMaxSliceTiles);
+  return Exl3Plan{.slice_tiles = slice_tiles, .splits = static_cast<int>((tiles_k + slice_tiles - 1) / slice_tiles)};
+}
+
+size_t exl3_scratch_floats(const Exl3DeviceView& matrix, const Exl3Plan& plan) {
+  return static_cast<size_t>(int64_t{plan.splits} * kTokensPerPass * matrix.out_padded);
+}
+
+size_t exl3_counter_count(const Exl3DeviceView& matrix) { return static_cast<size_t>(matrix.out_padded / 128); }
+
+cudaError_t exl3_linear(const Exl3DeviceView& m, const Exl3Plan& plan, const float* x, int64_t num_tokens, float* y,
+                        float* scratch, unsigned* counters, cudaStream_t stream) {
+  if (num_tokens == 0) return cudaSuccess;
+  if (m.bits < 1 || m.bits > 8 || m.in_padded % 128 != 0 || m.out_padded % 128 != 0) return cudaErrorInvalidValue;
+  const GemvParams p{.trellis = m.trellis,
+                     .suh = m.suh,
+                     .svh = m.svh,
+                     .x = x,
+                     .y = y,
+                     .partial = scratch,
+                     .counters = counters,
+                     .in_features = m.in_features,
+                     .out_features = m.out_features,
+                     .in_padded = m.in_padded,
+                     .out_padded = m.out_padded,
+                     .slice_tiles = plan.slice_tiles,
+                     .num_tokens = 0,
+                     .splits = plan.splits};
+  launch_gemv_for_bits(std::integer_sequence<int, 1, 2, 3, 4, 5, 6, 7, 8>{}, m.bits, m.codebook, p, x, num_tokens, y,
+                       stream);
+  return cudaGetLastError();
+}
+
+}  // namespace kestrel::cuda

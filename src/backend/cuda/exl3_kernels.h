@@ -1,0 +1,40 @@
+// EXL3 linear on the GPU (shared/docs/exl3-format.md §2.6 forward pipeline): y = ((x ⊙ suh)·Hk · Ŵ)·Hn ⊙ svh, with
+// Ŵ decoded from the packed trellis in registers (never stored), float32 activations and accumulation. One launch
+// per 8 tokens does the input rotation, the trellis GEMV split over k, and the output rotation (exl3_kernels.cu);
+// the k-split partials are summed in a fixed order, so results are deterministic.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace kestrel::cuda {
+
+// Device pointers of one EXL3 matrix: trellis int16 [in_padded/16, out_padded/16, 16*bits] read as 32-bit words,
+// suh fp16 [in_padded], svh fp16 [out_padded]. codebook is exl3::Codebook's value.
+struct Exl3DeviceView {
+  const uint32_t* trellis = nullptr;
+  const uint16_t* suh = nullptr;
+  const uint16_t* svh = nullptr;
+  int bits = 0;
+  int codebook = 0;
+  int64_t in_features = 0, out_features = 0, in_padded = 0, out_padded = 0;
+};
+
+// How a matrix's k dimension is cut for a device: slices of slice_tiles 16-row tiles (a multiple of 8, so that a
+// slice is whole 128-row Hadamard blocks), enough of them to occupy every SM at batch 1.
+struct Exl3Plan {
+  int64_t slice_tiles = 8;
+  int splits = 1;
+};
+Exl3Plan exl3_plan(const Exl3DeviceView& matrix, int sm_count);
+// Floats of scratch one exl3_linear call needs (the per-slice partial sums), and the number of unsigned counters it
+// synchronises its slices with: device memory, zero before the first call, left zero by every call.
+size_t exl3_scratch_floats(const Exl3DeviceView& matrix, const Exl3Plan& plan);
+size_t exl3_counter_count(const Exl3DeviceView& matrix);
+// y[T, out_features] = x[T, in_features] W^T, all float32 device memory. Calls sharing `counters` must not overlap.
+cudaError_t exl3_linear(const Exl3DeviceView& matrix, const Exl3Plan& plan, const float* x, int64_t num_tokens,
+                        float* y, float* scratch, unsigned* counters, cudaStream_t stream);
+
+}  // namespace kestrel::cuda

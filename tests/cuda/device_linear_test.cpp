@@ -1,0 +1,157 @@
+// CUDA linears against the CPU backend: the EXL3 trellis GEMV for every codebook and bitrate, shapes that need
+// padding on both dims and token counts that cross the 8-token pass, and the dense GEMV for f32/f16/bf16 weights.
+// Without a GPU, only the error paths run (a device allocation must fail with a clear Error, not crash).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cuda/device_linear.h"
+#include "base/error.h"
+#include "base/numeric.h"
+#include "exl3_random_matrix.h"
+
+namespace kestrel::cuda {
+namespace {
+
+using exl3::Codebook;
+using kestrel::testing::random_exl3_matrix;
+using kestrel::testing::RandomExl3Matrix;
+
+bool have_gpu() { return device_count() > 0; }
+
+std::vector<float> random_values(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal;
+  std::vector<float> v(n);
+  for (float& x : v) x = normal(rng);
+  return v;
+}
+
+// Runs `weight` on the GPU for x [T, in] and returns y [T, out].
+std::vector<float> gpu_linear(const LinearWeight& weight, const std::vector<float>& x, int64_t tokens) {
+  const DeviceLinear linear = DeviceLinear::upload(weight, device_info(0).sm_count);
+  DeviceBuffer x_dev = DeviceBuffer::copy_of(x.data(), x.size() * sizeof(float));
+  DeviceBuffer y_dev(static_cast<size_t>(tokens * weight.out_features) * sizeof(float));
+  Scratch scratch;
+  linear.forward(x_dev.as<float>(), tokens, y_dev.as<float>(), scratch, nullptr);
+  check(cudaDeviceSynchronize(), "linear");
+  std::vector<float> y(static_cast<size_t>(tokens * weight.out_features));
+  y_dev.download(y.data(), y.size() * sizeof(float));
+  return y;
+}
+
+std::vector<float> cpu_linear(const LinearWeight& weight, const std::vector<float>& x, int64_t tokens) {
+  CpuBackend cpu;
+  std::vector<float> y(static_cast<size_t>(tokens * weight.out_features));
+  cpu.linear(x.data(), tokens, weight, y.data());
+  return y;
+}
+
+// max |gpu - cpu| / max |cpu|: only the float32 summation order differs between the two.
+double relative_difference(const std::vector<float>& gpu, const std::vector<float>& cpu) {
+  double worst = 0.0, largest = 0.0;
+  for (size_t i = 0; i < cpu.size(); ++i) {
+    worst = std::max(worst, static_cast<double>(std::fabs(gpu[i] - cpu[i])));
+    largest = std::max(largest, static_cast<double>(std::fabs(cpu[i])));
+  }
+  return worst / largest;
+}
+
+TEST(CudaLinearTest, Exl3MatchesCpuForEveryCodebookAndBitrate) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  struct Shape {
+    int64_t in, out;
+  };
+  uint32_t seed = 7;
+  for (const Shape shape : {Shape{32, 64}, Shape{200, 300}, Shape{1024, 384}}) {
+    for (const Codebook codebook : {Codebook::inst3, Codebook::mcg, Codebook::mul1}) {
+      for (int bits = exl3::kMinBits; bits <= exl3::kMaxBits; ++bits) {
+        const RandomExl3Matrix m = random_exl3_matrix(shape.out, shape.in, bits, codebook, ++seed);
+        for (const int64_t tokens : {1, 3, 11}) {
+          const std::vector<float> x = random_values(static_cast<size_t>(tokens * shape.in), seed + 100);
+          const double diff = relative_difference(gpu_linear(m.weight(), x, tokens), cpu_linear(m.weight(), x, tokens));
+          EXPECT_LT(diff, 1e-5) << "in " << shape.in << " out " << shape.out << " codebook "
+                                << exl3::codebook_name(codebook) << " bits " << bits << " tokens " << tokens;
+        }
+      }
+    }
+  }
+}
+
+TEST(CudaLinearTest, Exl3AtExpertShapeMatchesCpu) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  // GLM-5.3-Flash's routed expert down_proj: 2048 -> 4096, 4 bpw MCG, long enough k for many k slices.
+  const RandomExl3Matrix m = random_exl3_matrix(4096, 2048, 4, Codebook::mcg, 99);
+  const std::vector<float> x = random_values(2 * 2048, 5);
+  EXPECT_LT(relative_difference(gpu_linear(m.weight(), x, 2), cpu_linear(m.weight(), x, 2)), 1e-5);
+}
+
+TEST(CudaLinearTest, DenseMatchesCpuForEachWeightType) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  // in = 512 takes the 16-byte vector loads for every type; in = 300 the scalar loop for f16/bf16.
+  for (const int64_t in : {300, 512}) {
+    const int64_t out = 77;
+    const std::vector<float> w = random_values(static_cast<size_t>(out * in), 3);
+    std::vector<uint16_t> bf16(w.size()), f16(w.size());
+    for (size_t i = 0; i < w.size(); ++i) {
+      bf16[i] = f32_to_bf16(w[i]);
+      f16[i] = f32_to_f16(w[i]);
+    }
+    const std::pair<DType, const void*> cases[] = {{DType::f32, w.data()}, {DType::f16, f16.data()},
+                                                   {DType::bf16, bf16.data()}};
+    for (const auto& [dtype, data] : cases) {
+      const LinearWeight weight{.name = "dense", .dtype = dtype, .out_features = out, .in_features = in,
+                                .data = static_cast<const std::byte*>(data)};
+      for (const int64_t tokens : {1, 5, 17}) {
+        const std::vector<float> x = random_values(static_cast<size_t>(tokens * in), 11);
+        EXPECT_LT(relative_difference(gpu_linear(weight, x, tokens), cpu_linear(weight, x, tokens)), 1e-5)
+            << dtype_name(dtype) << " in " << in << " tokens " << tokens;
+      }
+    }
+  }
+}
+
+TEST(CudaLinearTest, Fp8WeightIsRefusedWithItsName) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  const std::vector<uint8_t> data(128 * 128, 0x38);
+  const float scale = 1.0f;
+  const LinearWeight weight{.name = "layers.0.mlp.gate_proj.weight", .dtype = DType::f8_e4m3, .out_features = 128,
+                            .in_features = 128, .data = reinterpret_cast<const std::byte*>(data.data()),
+                            .scale = reinterpret_cast<const std::byte*>(&scale), .scale_dtype = DType::f32,
+                            .block_rows = 128, .block_cols = 128};
+  try {
+    (void)DeviceLinear::upload(weight, 1);
+    FAIL() << "fp8 upload succeeded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("layers.0.mlp.gate_proj.weight"), std::string::npos) << e.what();
+  }
+}
+
+TEST(CudaRuntimeTest, WithoutAGpuAllocationFailsWithAClearError) {
+  if (have_gpu()) GTEST_SKIP() << "a CUDA device is present";
+  try {
+    DeviceBuffer buffer(1024);
+    FAIL() << "cudaMalloc succeeded without a device";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cudaMalloc"), std::string::npos) << e.what();
+  }
+}
+
+TEST(CudaRuntimeTest, TransfersOutsideTheBufferAreRefused) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  DeviceBuffer buffer(16);
+  const std::vector<char> host(32, 1);
+  EXPECT_THROW(buffer.upload(host.data(), 32), Error);
+  EXPECT_THROW(buffer.upload(host.data(), 8, 12), Error);
+  std::vector<char> back(16);
+  buffer.upload(host.data(), 16);
+  buffer.download(back.data(), 16);
+  EXPECT_EQ(back, std::vector<char>(16, 1));
+}
+
+}  // namespace
+}  // namespace kestrel::cuda
