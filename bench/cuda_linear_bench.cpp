@@ -97,7 +97,7 @@ void run(int iterations) {
   Scratch scratch;
   std::printf("| op | tokens | µs per call | weight MB per call | weight GB/s | of HBM copy |\n");
   std::printf("|---|---|---|---|---|---|\n");
-  for (const int64_t tokens : {1, 8, 64}) {
+  for (const int64_t tokens : {1, 8, 16, 64}) {
     DeviceBuffer x(static_cast<size_t>(tokens * kHidden) * 4), y(static_cast<size_t>(tokens * 154880) * 4);
     x.zero();
     int next = 0;

@@ -1,6 +1,6 @@
-// CUDA linears against the CPU backend: the EXL3 trellis GEMV for every codebook and bitrate, shapes that need
-// padding on both dims and token counts that cross the 8-token pass, and the dense GEMV for f32/f16/bf16 weights.
-// Without a GPU, only the error paths run (a device allocation must fail with a clear Error, not crash).
+// CUDA linears against the CPU backend: the EXL3 tensor-core GEMV for every codebook and bitrate, shapes that need
+// padding on both dims, and token counts that fill and cross the 16-token pass; the dense GEMV for f32/f16/bf16
+// weights. Without a GPU, only the error paths run (a device allocation must fail with a clear Error, not crash).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -51,7 +51,12 @@ std::vector<float> cpu_linear(const LinearWeight& weight, const std::vector<floa
   return y;
 }
 
-// max |gpu - cpu| / max |cpu|: only the float32 summation order differs between the two.
+// The EXL3 kernel rounds the rotated inputs to fp16 for the tensor cores (the weights are fp16 values already):
+// about 2.5e-4 of the largest output at these shapes, simulated in float64. The dense kernel is float32 throughout
+// and differs from the CPU only in summation order.
+constexpr double kExl3Tolerance = 1e-3, kDenseTolerance = 1e-5;
+
+// max |gpu - cpu| / max |cpu|
 double relative_difference(const std::vector<float>& gpu, const std::vector<float>& cpu) {
   double worst = 0.0, largest = 0.0;
   for (size_t i = 0; i < cpu.size(); ++i) {
@@ -71,10 +76,10 @@ TEST(CudaLinearTest, Exl3MatchesCpuForEveryCodebookAndBitrate) {
     for (const Codebook codebook : {Codebook::inst3, Codebook::mcg, Codebook::mul1}) {
       for (int bits = exl3::kMinBits; bits <= exl3::kMaxBits; ++bits) {
         const RandomExl3Matrix m = random_exl3_matrix(shape.out, shape.in, bits, codebook, ++seed);
-        for (const int64_t tokens : {1, 3, 11}) {
+        for (const int64_t tokens : {1, 3, 11, 16, 21}) {
           const std::vector<float> x = random_values(static_cast<size_t>(tokens * shape.in), seed + 100);
           const double diff = relative_difference(gpu_linear(m.weight(), x, tokens), cpu_linear(m.weight(), x, tokens));
-          EXPECT_LT(diff, 1e-5) << "in " << shape.in << " out " << shape.out << " codebook "
+          EXPECT_LT(diff, kExl3Tolerance) << "in " << shape.in << " out " << shape.out << " codebook "
                                 << exl3::codebook_name(codebook) << " bits " << bits << " tokens " << tokens;
         }
       }
@@ -87,7 +92,16 @@ TEST(CudaLinearTest, Exl3AtExpertShapeMatchesCpu) {
   // GLM-5.3-Flash's routed expert down_proj: 2048 -> 4096, 4 bpw MCG, long enough k for many k slices.
   const RandomExl3Matrix m = random_exl3_matrix(4096, 2048, 4, Codebook::mcg, 99);
   const std::vector<float> x = random_values(2 * 2048, 5);
-  EXPECT_LT(relative_difference(gpu_linear(m.weight(), x, 2), cpu_linear(m.weight(), x, 2)), 1e-5);
+  EXPECT_LT(relative_difference(gpu_linear(m.weight(), x, 2), cpu_linear(m.weight(), x, 2)), kExl3Tolerance);
+}
+
+TEST(CudaLinearTest, Exl3ResultsDoNotDependOnTiming) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  // 16 k slices finish in whatever order the GPU runs them; the last one sums them in slice order.
+  const RandomExl3Matrix m = random_exl3_matrix(4096, 2048, 4, Codebook::mcg, 98);
+  const std::vector<float> x = random_values(3 * 2048, 6);
+  const std::vector<float> first = gpu_linear(m.weight(), x, 3);
+  for (int run = 0; run < 5; ++run) EXPECT_EQ(gpu_linear(m.weight(), x, 3), first) << "run " << run;
 }
 
 TEST(CudaLinearTest, DenseMatchesCpuForEachWeightType) {
@@ -108,7 +122,7 @@ TEST(CudaLinearTest, DenseMatchesCpuForEachWeightType) {
                                 .data = static_cast<const std::byte*>(data)};
       for (const int64_t tokens : {1, 5, 17}) {
         const std::vector<float> x = random_values(static_cast<size_t>(tokens * in), 11);
-        EXPECT_LT(relative_difference(gpu_linear(weight, x, tokens), cpu_linear(weight, x, tokens)), 1e-5)
+        EXPECT_LT(relative_difference(gpu_linear(weight, x, tokens), cpu_linear(weight, x, tokens)), kDenseTolerance)
             << dtype_name(dtype) << " in " << in << " tokens " << tokens;
       }
     }

@@ -10,33 +10,56 @@ namespace kestrel::cuda {
 
 namespace {
 
-constexpr int kTokensPerPass = 8;  // accumulators per lane: 2 columns x this many tokens
-constexpr int kWarpsPerBlock = 8;  // 8 strips of 16 columns: one 128-column output Hadamard block
+constexpr int kTokensPerPass = 16;  // the M of one mma.m16n8k16
+constexpr int kWarpsPerBlock = 8;   // 8 strips of 16 columns: one 128-column output Hadamard block
 constexpr int kTilesInFlight = 4;
 constexpr int64_t kMaxSliceTiles = 64;
+constexpr int kRowPad = 8;  // halves added to each token's shared-memory row: rows start 16 bytes (4 banks) apart
 
-// The fp16 value of a 16-bit trellis state (§2.5), bit-exact with exl3::decode_state.
+// Two trellis states -> their fp16 codebook values as one half2 (low half: `first`), bit-exact with
+// exl3::decode_state. 3INST (0) and MCG (1) are the sum of the two fp16 halves of a masked product, which half2
+// arithmetic does for both states in one add; MUL1 (2) is an affine function of the product's byte sum with one
+// rounding.
 template <int Codebook>
-__device__ __forceinline__ float codebook_value(uint32_t state) {
-  if constexpr (Codebook == 2) {  // MUL1: (1024 + byte sum of state * M) * fp16(0x1EEE) + fp16(0xC931), one rounding
-    const uint32_t x = state * 0x83DCD12Du;
-    const uint32_t byte_sum = (x & 0xFFu) + ((x >> 8) & 0xFFu) + ((x >> 16) & 0xFFu) + (x >> 24);
+__device__ __forceinline__ uint32_t codebook_pair(uint32_t first, uint32_t second) {
+  if constexpr (Codebook == 2) {
     const float scale = __half2float(__ushort_as_half(0x1EEE)), bias = __half2float(__ushort_as_half(0xC931));
-    return __half2float(__float2half_rn(static_cast<float>(1024u + byte_sum) * scale + bias));
-  } else {  // 3INST (0) and MCG (1): the sum of the two fp16 halves of the masked product
-    uint32_t x = Codebook == 0 ? state * 89226354u + 64248484u : state * 0xCBAC1FEDu;
-    x = (x & 0x8FFF8FFFu) ^ 0x3B603B60u;
-    return __half2float(__hadd(__ushort_as_half(static_cast<unsigned short>(x & 0xFFFFu)),
-                               __ushort_as_half(static_cast<unsigned short>(x >> 16))));
+    const auto value = [&](uint32_t state) {
+      const uint32_t x = state * 0x83DCD12Du;
+      const uint32_t byte_sum = (x & 0xFFu) + ((x >> 8) & 0xFFu) + ((x >> 16) & 0xFFu) + (x >> 24);
+      return static_cast<float>(1024u + byte_sum) * scale + bias;
+    };
+    const __half2 pair = __floats2half2_rn(value(first), value(second));
+    return *reinterpret_cast<const uint32_t*>(&pair);
+  } else {
+    const auto masked = [](uint32_t state) {
+      const uint32_t x = Codebook == 0 ? state * 89226354u + 64248484u : state * 0xCBAC1FEDu;
+      return (x & 0x8FFF8FFFu) ^ 0x3B603B60u;
+    };
+    const uint32_t a = masked(first), b = masked(second);
+    const uint32_t low = __byte_perm(a, b, 0x5410), high = __byte_perm(a, b, 0x7632);
+    const __half2 sum = __hadd2(*reinterpret_cast<const __half2*>(&low), *reinterpret_cast<const __half2*>(&high));
+    return *reinterpret_cast<const uint32_t*>(&sum);
   }
 }
 
-// One launch per 8 tokens. Block (c, s) owns output columns [128c, 128c + 128), one output Hadamard block, and k
+// D += A (16x16 fp16, row-major) x B (16x8 fp16, column-major), fp32 accumulators (sm_80+ tensor cores).
+__device__ __forceinline__ void mma_16x8x16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// One launch per 16 tokens. Block (c, s) owns output columns [128c, 128c + 128), one output Hadamard block, and k
 // slice s (a multiple of 128 rows, one or more input Hadamard blocks):
-//  1. it rotates its slice of the inputs, (x ⊙ suh)·H128 per block, into shared memory;
-//  2. warp w multiplies them by the 16-column tile strip 8c + w of Ŵ, decoding the trellis in registers: lane l
-//     decodes positions 8l..8l+7 of each tile, rows 2(l%4) + {0,1,8,9} and columns l/4 + {0,8} (exl3::tile_coord),
-//     and the four lanes sharing a column are summed by shuffles; the sums go to partial[s];
+//  1. it rotates its slice of the inputs, (x ⊙ suh)·H128 per block, into shared memory as fp16 (zero rows past
+//     the tokens), the A operand of the tensor cores;
+//  2. warp w multiplies them by the 16-column tile strip 8c + w of Ŵ on the tensor cores: a tile's trellis
+//     positions are stored in mma.m16n8k16 B-fragment order (exl3::tile_coord), so lane l decodes its positions
+//     8l..8l+7 from the packed words into exactly its B registers for the tile's two 8-column halves; the fp32
+//     accumulators go to partial[s];
 //  3. the last slice to finish column block c (a counter per block, reset by that last block) adds the partials in
 //     slice order, so the result does not depend on timing, and applies the output rotation and svh.
 // State p of a tile is the 16-bit window ending at bit (p + 1) * Bits of its circular MSB-first stream of 32-bit
@@ -58,35 +81,37 @@ struct GemvParams {
 template <int Bits, int Codebook>
 __global__ void __launch_bounds__(32 * kWarpsPerBlock) trellis_gemv(GemvParams p) {
   constexpr int kWords = 8 * Bits, kStreamBits = 256 * Bits;
-  extern __shared__ float rotated[];  // [num_tokens, slice_tiles * 16]
+  extern __shared__ __half rotated[];  // [kTokensPerPass, slice_tiles * 16 + kRowPad]
   __shared__ bool last_slice;
   const int warp = static_cast<int>(threadIdx.x / 32), lane = static_cast<int>(threadIdx.x & 31u);
   const int64_t tiles_k = p.in_padded / 16, tiles_n = p.out_padded / 16;
   const int64_t slice = blockIdx.y;
   const int64_t a_begin = slice * p.slice_tiles, a_end = min(tiles_k, a_begin + p.slice_tiles);
-  const int64_t stride = p.slice_tiles * 16;
+  const int64_t stride = p.slice_tiles * 16 + kRowPad;
 
-  // 1. This slice's rotated inputs: one warp per (token, 128-row block).
+  // 1. This slice's rotated inputs: one warp per (token, 128-row block); rows of absent tokens are zero.
   const int64_t row_blocks = (a_end - a_begin) / 8;
-  for (int64_t job = warp; job < p.num_tokens * row_blocks; job += kWarpsPerBlock) {
+  for (int64_t job = warp; job < kTokensPerPass * row_blocks; job += kWarpsPerBlock) {
     const int64_t t = job / row_blocks, row = job % row_blocks * 128 + lane * 4;
-    float v[4];
-    for (int j = 0; j < 4; ++j) {
-      const int64_t i = a_begin * 16 + row + j;
-      v[j] = i < p.in_features ? p.x[t * p.in_features + i] * __half2float(__ushort_as_half(p.suh[i])) : 0.0f;
+    float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    if (t < p.num_tokens) {
+      for (int j = 0; j < 4; ++j) {
+        const int64_t i = a_begin * 16 + row + j;
+        if (i < p.in_features) v[j] = p.x[t * p.in_features + i] * __half2float(__ushort_as_half(p.suh[i]));
+      }
+      hadamard128_warp(v);
     }
-    hadamard128_warp(v);
-    for (int j = 0; j < 4; ++j) rotated[t * stride + row + j] = v[j];
+    for (int j = 0; j < 4; ++j) rotated[t * stride + row + j] = __float2half_rn(v[j]);
   }
   __syncthreads();
 
-  // 2. The strip's partial sums over this slice.
+  // 2. The strip's partial sums over this slice, on the tensor cores.
   const int64_t strip = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + warp;
   const int first_bit = (8 * lane + 1) * Bits - 16 + kStreamBits;  // made positive: the stream is circular
   const int first_word = (first_bit >> 5) % kWords, shift = first_bit & 31;
-  const int row0 = 2 * (lane % 4);
-  float acc[kTokensPerPass][2];
-  for (int t = 0; t < kTokensPerPass; ++t) acc[t][0] = acc[t][1] = 0.0f;
+  // A fragment rows: tokens l/4 and l/4 + 8; columns (k within the tile) 2(l%4) + {0, 1} and + 8.
+  const __half* a_row = rotated + (lane / 4) * stride + 2 * (lane % 4);
+  float acc[2][4] = {};  // per 8-column half: tokens (l/4, l/4 + 8) x columns 2(l%4) + {0, 1}
   // Tiles go in groups of kTilesInFlight whose words are all requested before any is decoded: a warp keeps that
   // many loads in flight instead of waiting out the memory latency once per tile.
   for (int64_t group = a_begin; group < a_end; group += kTilesInFlight) {
@@ -104,31 +129,31 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) trellis_gemv(GemvParams p
       uint32_t bits[3];
 #pragma unroll
       for (int i = 0; i < 3; ++i) bits[i] = __funnelshift_l(raw[u][i + 1], raw[u][i], shift);
-      float w[8];
+      uint32_t state[8];
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
         const int offset = j * Bits, word = offset >> 5, within = offset & 31;
         const uint64_t pair = (static_cast<uint64_t>(bits[word]) << 32) | (word + 1 < 3 ? bits[word + 1] : 0u);
-        w[j] = codebook_value<Codebook>(static_cast<uint32_t>(pair >> (48 - within)) & 0xFFFFu);
+        state[j] = static_cast<uint32_t>(pair >> (48 - within)) & 0xFFFFu;
       }
-      const float* rows = rotated + (group + u - a_begin) * 16 + row0;
-      for (int t = 0; t < p.num_tokens; ++t) {
-        const float* r = rows + t * stride;
-        const float x0 = r[0], x1 = r[1], x8 = r[8], x9 = r[9];
-        acc[t][0] += x0 * w[0] + x1 * w[1] + x8 * w[2] + x9 * w[3];
-        acc[t][1] += x0 * w[4] + x1 * w[5] + x8 * w[6] + x9 * w[7];
-      }
+      const __half* a_tile = a_row + (group + u - a_begin) * 16;
+      uint32_t a[4];
+      a[0] = *reinterpret_cast<const uint32_t*>(a_tile);
+      a[1] = *reinterpret_cast<const uint32_t*>(a_tile + 8 * stride);
+      a[2] = *reinterpret_cast<const uint32_t*>(a_tile + 8);
+      a[3] = *reinterpret_cast<const uint32_t*>(a_tile + 8 * stride + 8);
+      mma_16x8x16(acc[0], a, codebook_pair<Codebook>(state[0], state[1]), codebook_pair<Codebook>(state[2], state[3]));
+      mma_16x8x16(acc[1], a, codebook_pair<Codebook>(state[4], state[5]), codebook_pair<Codebook>(state[6], state[7]));
     }
   }
-  for (int t = 0; t < p.num_tokens; ++t) {
-    for (int half = 0; half < 2; ++half) {
-      float v = acc[t][half];
-      v += __shfl_xor_sync(0xFFFFFFFFu, v, 1);
-      v += __shfl_xor_sync(0xFFFFFFFFu, v, 2);
-      if (lane % 4 == 0) {
-        const int64_t column = strip * 16 + lane / 4 + 8 * half;
-        p.partial[(slice * kTokensPerPass + t) * p.out_padded + column] = v;
-      }
+  for (int half = 0; half < 2; ++half) {
+    const int64_t column = strip * 16 + 8 * half + 2 * (lane % 4);
+    for (int r = 0; r < 2; ++r) {
+      const int t = lane / 4 + 8 * r;
+      if (t >= p.num_tokens) continue;
+      float* out = p.partial + (slice * kTokensPerPass + t) * p.out_padded + column;
+      out[0] = acc[half][2 * r];
+      out[1] = acc[half][2 * r + 1];
     }
   }
 
@@ -140,18 +165,20 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) trellis_gemv(GemvParams p
     if (last_slice) p.counters[blockIdx.x] = 0;
   }
   __syncthreads();
-  if (!last_slice || warp >= p.num_tokens) return;
+  if (!last_slice) return;
   __threadfence();
-  const int64_t t = warp, base = static_cast<int64_t>(blockIdx.x) * 128 + lane * 4;
-  float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  for (int s = 0; s < p.splits; ++s) {
-    const float* row = p.partial + (s * kTokensPerPass + t) * p.out_padded + base;
-    for (int j = 0; j < 4; ++j) v[j] += __ldcg(row + j);
-  }
-  hadamard128_warp(v);
-  for (int j = 0; j < 4; ++j) {
-    const int64_t o = base + j;
-    if (o < p.out_features) p.y[t * p.out_features + o] = v[j] * __half2float(__ushort_as_half(p.svh[o]));
+  for (int t = warp; t < p.num_tokens; t += kWarpsPerBlock) {
+    const int64_t base = static_cast<int64_t>(blockIdx.x) * 128 + lane * 4;
+    float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int s = 0; s < p.splits; ++s) {
+      const float* row = p.partial + (s * kTokensPerPass + t) * p.out_padded + base;
+      for (int j = 0; j < 4; ++j) v[j] += __ldcg(row + j);
+    }
+    hadamard128_warp(v);
+    for (int j = 0; j < 4; ++j) {
+      const int64_t o = base + j;
+      if (o < p.out_features) p.y[t * p.out_features + o] = v[j] * __half2float(__ushort_as_half(p.svh[o]));
+    }
   }
 }
 
@@ -162,7 +189,7 @@ void launch_gemv(GemvParams p, const float* x, int64_t num_tokens, float* y, cud
     p.num_tokens = static_cast<int>(std::min<int64_t>(kTokensPerPass, num_tokens - t));
     p.x = x + t * p.in_features;
     p.y = y + t * p.out_features;
-    const size_t shared = static_cast<size_t>(p.num_tokens * p.slice_tiles * 16) * sizeof(float);
+    const size_t shared = static_cast<size_t>(kTokensPerPass * (p.slice_tiles * 16 + kRowPad)) * sizeof(__half);
     trellis_gemv<Bits, Codebook><<<grid, 32 * kWarpsPerBlock, shared, stream>>>(p);
   }
 }
@@ -189,7 +216,7 @@ void launch_gemv_for_bits(std::integer_sequence<int, Bits...>, int bits, int cod
 }  // namespace
 
 Exl3Plan exl3_plan(const Exl3DeviceView& matrix, int sm_count) {
-  // About 32 warps per SM at batch 1; a slice is 8..64 tiles (128..1024 rows: its rotated inputs fit in 32 KB).
+  // About 32 warps per SM at batch 1; a slice is 8..64 tiles (128..1024 rows: its fp16 inputs fit in 33 KB).
   const int64_t tiles_k = matrix.in_padded / 16, tiles_n = matrix.out_padded / 16;
   const int64_t wanted = std::max<int64_t>(1, int64_t{sm_count} * 32 / tiles_n);
   const int64_t per_slice = (tiles_k + wanted - 1) / wanted;

@@ -1,7 +1,8 @@
 // EXL3 linear on the GPU (shared/docs/exl3-format.md §2.6 forward pipeline): y = ((x ⊙ suh)·Hk · Ŵ)·Hn ⊙ svh, with
-// Ŵ decoded from the packed trellis in registers (never stored), float32 activations and accumulation. One launch
-// per 8 tokens does the input rotation, the trellis GEMV split over k, and the output rotation (exl3_kernels.cu);
-// the k-split partials are summed in a fixed order, so results are deterministic.
+// Ŵ decoded from the packed trellis in registers (never stored) and multiplied on the tensor cores: float32
+// activations in and out, the rotated inputs rounded to fp16 (the codebook values are fp16 already), float32
+// accumulation. One launch per 16 tokens does the input rotation, the GEMM split over k, and the output rotation
+// (exl3_kernels.cu); the k-split partials are summed in a fixed order, so results are deterministic.
 #pragma once
 
 #include <cuda_runtime_api.h>
