@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds="${1:-60}"
-cmake -S . -B build-fuzz -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+cmake -S . -B build-fuzz -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKESTREL_CUDA=OFF \
       -DKESTREL_FUZZ=ON -DKESTREL_BUILD_TESTS=OFF > /dev/null
 cmake --build build-fuzz -j "$(nproc)"
 mkdir -p build-fuzz/artifacts
