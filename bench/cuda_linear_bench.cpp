@@ -11,7 +11,7 @@
 #include <random>
 #include <vector>
 
-#include "backend/cuda/cuda_runtime.h"
+#include "backend/cuda/device_runtime.h"
 #include "backend/cuda/device_linear.h"
 #include "base/numeric.h"
 

@@ -63,7 +63,7 @@ void DeviceLinear::forward(const float* x, int64_t num_tokens, float* y, Scratch
   require(num_tokens <= 65535, "CUDA linear '{}': {} tokens in one call (at most 65535)", name_, num_tokens);
   if (exl3_) {
     float* partial = scratch.floats(exl3_scratch_floats(view_, plan_));
-    check(exl3_linear(view_, plan_, x, num_tokens, y, partial, const_cast<unsigned*>(counters_.as<unsigned>()), stream),
+    check(exl3_linear(view_, plan_, x, num_tokens, y, partial, counters_.as<unsigned>(), stream),
           "EXL3 linear launch");
   } else {
     check(dense_linear(data_.data(), dense_type_, out_features_, in_features_, x, num_tokens, y, stream),

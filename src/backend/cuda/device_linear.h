@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <string>
 
-#include "backend/cuda/cuda_runtime.h"
+#include "backend/cuda/device_runtime.h"
 #include "backend/cuda/dense_kernels.h"
 #include "backend/cuda/exl3_kernels.h"
 #include "backend/linear_weight.h"
@@ -42,7 +42,8 @@ private:
   std::string name_;
   int64_t in_features_ = 0, out_features_ = 0;
   size_t weight_bytes_ = 0;
-  DeviceBuffer data_, suh_, svh_, counters_;
+  DeviceBuffer data_, suh_, svh_;
+  mutable DeviceBuffer counters_;  // the EXL3 kernel's slice counters: written by every call, zero between calls
   bool exl3_ = false;
   Exl3DeviceView view_;
   Exl3Plan plan_;

@@ -1,4 +1,4 @@
-#include "backend/cuda/cuda_runtime.h"
+#include "backend/cuda/device_runtime.h"
 
 #include <utility>
 
