@@ -386,7 +386,8 @@ def train(model, mtp, data, args, device, pad):
             step += 1
             if step % 50 == 0 or step == 1:
                 log(f"step {step} ep {epoch} lr {lr:.2e} loss {main.item():.4f} mtp {aux.item():.4f} "
-                    f"gnorm {norm.item():.2f} max/mean expert load {imbalance:.2f} tokens {ids.numel()}")
+                    f"gnorm {norm.item():.2f} max/mean expert load {imbalance:.2f} tokens {ids.numel()}"
+                    + (f" peak {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB" if device.type == "cuda" else ""))
 
 
 # ------------------------------------------------------------------------------------------------------------------
