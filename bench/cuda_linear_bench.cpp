@@ -1,9 +1,11 @@
 // CUDA linear benchmark: the measured HBM copy bandwidth, then µs per call and the weight bandwidth achieved by the
-// EXL3 trellis GEMV and the dense bf16 GEMV at GLM-5.3-Flash's shapes. Weights are random (any trellis bit pattern
-// is a valid EXL3 matrix); the expert set cycles through 64 distinct experts (about 800 MB at 4 bpw) so that the
-// 50 MB L2 cannot serve the reads. Usage: kestrel_cuda_bench [iterations] (default 200).
+// EXL3 trellis GEMV and the dense bf16 GEMV at GLM-5.3-Flash's shapes, and by the fused MoE path over one layer's
+// 288 experts (top 8). Weights are random (any trellis bit pattern is a valid EXL3 matrix); the single-expert rows
+// cycle through 64 distinct experts (about 800 MB at 4 bpw) and the MoE rows route each call to fresh random
+// experts, so that the 50 MB L2 cannot serve the reads. Usage: kestrel_cuda_bench [iterations] (default 200).
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -11,8 +13,9 @@
 #include <random>
 #include <vector>
 
-#include "backend/cuda/device_runtime.h"
+#include "backend/cuda/device_experts.h"
 #include "backend/cuda/device_linear.h"
+#include "backend/cuda/device_runtime.h"
 #include "base/numeric.h"
 
 namespace kestrel::cuda {
@@ -66,6 +69,59 @@ HostExl3 random_exl3(int64_t out, int64_t in, int bits, std::mt19937& rng) {
   for (int64_t i = 0; i < in; ++i) m.suh.push_back(scale());
   for (int64_t o = 0; o < out; ++o) m.svh.push_back(scale());
   return m;
+}
+
+// One MoE layer at GLM-5.3-Flash's size: 288 EXL3 experts, top 8, the fused five-launch path. Routings are drawn
+// up front (distinct experts per token) and the calls cycle through them.
+void moe_layer(int iterations, double hbm, int sm_count, std::mt19937& rng) {
+  constexpr int64_t kHidden = 4096, kExpert = 2048, kExperts = 288, kTopK = 8;
+  constexpr int kBits = 4, kRoutings = 16;
+  std::vector<HostExl3> host;  // kept alive until the upload: ExpertWeights point into it
+  std::vector<ExpertWeights> weights;
+  DeviceExperts experts;
+  {
+    host.reserve(3 * kExperts);
+    for (int64_t e = 0; e < kExperts; ++e) {
+      host.push_back(random_exl3(kExpert, kHidden, kBits, rng));
+      host.push_back(random_exl3(kExpert, kHidden, kBits, rng));
+      host.push_back(random_exl3(kHidden, kExpert, kBits, rng));
+      const size_t i = host.size() - 3;
+      weights.push_back(ExpertWeights{.gate = host[i].weight(kExpert, kHidden, kBits),
+                                      .up = host[i + 1].weight(kExpert, kHidden, kBits),
+                                      .down = host[i + 2].weight(kHidden, kExpert, kBits)});
+    }
+    experts = DeviceExperts::upload(weights, sm_count);
+  }
+  host = {};
+  Scratch scratch;
+  std::printf("\n| MoE layer (288 experts, top 8, EXL3 4bpw) | tokens | µs per call | expert MB read | GB/s | of HBM "
+              "copy |\n|---|---|---|---|---|---|\n");
+  for (const int64_t tokens : {1, 8, 64}) {
+    std::vector<int32_t> ids;
+    std::vector<int32_t> order(kExperts);
+    for (int r = 0; r < kRoutings; ++r) {
+      for (int64_t t = 0; t < tokens; ++t) {
+        for (int64_t e = 0; e < kExperts; ++e) order[static_cast<size_t>(e)] = static_cast<int32_t>(e);
+        std::shuffle(order.begin(), order.end(), rng);
+        ids.insert(ids.end(), order.begin(), order.begin() + kTopK);
+      }
+    }
+    const std::vector<float> route_weights(ids.size(), 0.125f);
+    const DeviceBuffer ids_dev = DeviceBuffer::copy_of(ids.data(), ids.size() * sizeof(int32_t));
+    const DeviceBuffer weights_dev = DeviceBuffer::copy_of(route_weights.data(), route_weights.size() * sizeof(float));
+    DeviceBuffer x(static_cast<size_t>(tokens * kHidden) * 4), y(static_cast<size_t>(tokens * kHidden) * 4);
+    x.zero();
+    int next = 0;
+    const double us = time_us(iterations, [&] {
+      const int64_t offset = (next++ % kRoutings) * tokens * kTopK;
+      experts.forward(x.as<float>(), tokens, kTopK, ids_dev.as<int32_t>() + offset,
+                      weights_dev.as<float>() + offset, 7.0f, y.as<float>(), scratch, nullptr);
+    });
+    const size_t bytes = static_cast<size_t>(tokens * kTopK) * experts.expert_bytes();
+    const double gbs = static_cast<double>(bytes) / (us * 1e3);
+    std::printf("| fused MoE (5 launches) | %lld | %.2f | %.1f | %.0f | %.0f%% |\n", static_cast<long long>(tokens), us,
+                static_cast<double>(bytes) / 1e6, gbs, 100.0 * gbs / hbm);
+  }
 }
 
 void run(int iterations) {
@@ -124,6 +180,7 @@ void run(int iterations) {
     });
     report("bf16 lm_head 4096->154880", head_us, lm_head.weight_bytes());
   }
+  moe_layer(iterations, hbm, info.sm_count, rng);
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include "backend/cuda/device_linear.h"
 #include "base/error.h"
 #include "base/numeric.h"
+#include "cuda_test_util.h"
 #include "exl3_random_matrix.h"
 
 namespace kestrel::cuda {
@@ -20,28 +21,16 @@ namespace {
 using exl3::Codebook;
 using kestrel::testing::random_exl3_matrix;
 using kestrel::testing::RandomExl3Matrix;
-
-bool have_gpu() { return device_count() > 0; }
-
-std::vector<float> random_values(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal;
-  std::vector<float> v(n);
-  for (float& x : v) x = normal(rng);
-  return v;
-}
+using namespace kestrel::cuda::testing;
 
 // Runs `weight` on the GPU for x [T, in] and returns y [T, out].
 std::vector<float> gpu_linear(const LinearWeight& weight, const std::vector<float>& x, int64_t tokens) {
   const DeviceLinear linear = DeviceLinear::upload(weight, device_info(0).sm_count);
-  DeviceBuffer x_dev = DeviceBuffer::copy_of(x.data(), x.size() * sizeof(float));
+  const DeviceBuffer x_dev = testing::to_device(x);
   DeviceBuffer y_dev(static_cast<size_t>(tokens * weight.out_features) * sizeof(float));
   Scratch scratch;
   linear.forward(x_dev.as<float>(), tokens, y_dev.as<float>(), scratch, nullptr);
-  check(cudaDeviceSynchronize(), "linear");
-  std::vector<float> y(static_cast<size_t>(tokens * weight.out_features));
-  y_dev.download(y.data(), y.size() * sizeof(float));
-  return y;
+  return testing::to_host(y_dev);
 }
 
 std::vector<float> cpu_linear(const LinearWeight& weight, const std::vector<float>& x, int64_t tokens) {
@@ -55,16 +44,6 @@ std::vector<float> cpu_linear(const LinearWeight& weight, const std::vector<floa
 // about 2.5e-4 of the largest output at these shapes, simulated in float64. The dense kernel is float32 throughout
 // and differs from the CPU only in summation order.
 constexpr double kExl3Tolerance = 1e-3, kDenseTolerance = 1e-5;
-
-// max |gpu - cpu| / max |cpu|
-double relative_difference(const std::vector<float>& gpu, const std::vector<float>& cpu) {
-  double worst = 0.0, largest = 0.0;
-  for (size_t i = 0; i < cpu.size(); ++i) {
-    worst = std::max(worst, static_cast<double>(std::fabs(gpu[i] - cpu[i])));
-    largest = std::max(largest, static_cast<double>(std::fabs(cpu[i])));
-  }
-  return worst / largest;
-}
 
 TEST(CudaLinearTest, Exl3MatchesCpuForEveryCodebookAndBitrate) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";

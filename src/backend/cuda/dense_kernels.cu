@@ -80,21 +80,51 @@ void launch(const void* weight, int64_t out_features, int64_t in_features, const
   }
 }
 
+template <typename W>
+__global__ void gather_rows_kernel(const W* table, int64_t cols, const int32_t* ids, float* out) {
+  const W* row = table + static_cast<int64_t>(ids[blockIdx.x]) * cols;
+  for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) out[blockIdx.x * cols + i] = to_float(row[i]);
+}
+
+template <typename W>
+void launch_gather(const void* table, int64_t cols, const int32_t* ids, int64_t num_tokens, float* out,
+                   cudaStream_t stream) {
+  gather_rows_kernel<W><<<static_cast<unsigned>(num_tokens), 256, 0, stream>>>(static_cast<const W*>(table), cols, ids,
+                                                                              out);
+}
+
+// Calls f(W{}) with W the element type of `type`.
+template <typename F>
+void with_element_type(DenseWeightType type, F&& f) {
+  switch (type) {
+    case DenseWeightType::f32:
+      f(float{});
+      break;
+    case DenseWeightType::f16:
+      f(__half{});
+      break;
+    case DenseWeightType::bf16:
+      f(__nv_bfloat16{});
+      break;
+  }
+}
+
 }  // namespace
+
+cudaError_t gather_rows(const void* table, DenseWeightType type, int64_t cols, const int32_t* ids, int64_t num_tokens,
+                        float* out, cudaStream_t stream) {
+  if (num_tokens == 0) return cudaSuccess;
+  with_element_type(type, [&](auto element) {
+    launch_gather<decltype(element)>(table, cols, ids, num_tokens, out, stream);
+  });
+  return cudaGetLastError();
+}
 
 cudaError_t dense_linear(const void* weight, DenseWeightType type, int64_t out_features, int64_t in_features,
                          const float* x, int64_t num_tokens, float* y, cudaStream_t stream) {
-  switch (type) {
-    case DenseWeightType::f32:
-      launch<float>(weight, out_features, in_features, x, num_tokens, y, stream);
-      break;
-    case DenseWeightType::f16:
-      launch<__half>(weight, out_features, in_features, x, num_tokens, y, stream);
-      break;
-    case DenseWeightType::bf16:
-      launch<__nv_bfloat16>(weight, out_features, in_features, x, num_tokens, y, stream);
-      break;
-  }
+  with_element_type(type, [&](auto element) {
+    launch<decltype(element)>(weight, out_features, in_features, x, num_tokens, y, stream);
+  });
   return cudaGetLastError();
 }
 

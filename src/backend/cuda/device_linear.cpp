@@ -71,4 +71,9 @@ void DeviceLinear::forward(const float* x, int64_t num_tokens, float* y, Scratch
   }
 }
 
+void DeviceLinear::gather_rows(const int32_t* ids, int64_t num_tokens, float* out, cudaStream_t stream) const {
+  require(!exl3_, "'{}' is EXL3: the CUDA row gather takes f32, f16 and bf16 tables", name_);
+  check(cuda::gather_rows(data_.data(), dense_type_, in_features_, ids, num_tokens, out, stream), "row gather launch");
+}
+
 }  // namespace kestrel::cuda

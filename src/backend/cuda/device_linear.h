@@ -31,12 +31,18 @@ public:
 
   // y[T, out_features] = x[T, in_features] W^T; x and y are float32 device memory.
   void forward(const float* x, int64_t num_tokens, float* y, Scratch& scratch, cudaStream_t stream) const;
+  // out[T, in_features] = rows ids[T] of W (the embedding lookup); ids are device memory, validated by the caller.
+  // Dense weights only: an EXL3 table is refused.
+  void gather_rows(const int32_t* ids, int64_t num_tokens, float* out, cudaStream_t stream) const;
 
   const std::string& name() const { return name_; }
   int64_t in_features() const { return in_features_; }
   int64_t out_features() const { return out_features_; }
   // Bytes of weight data one call reads (the trellis and scales for EXL3).
   size_t weight_bytes() const { return weight_bytes_; }
+  // The matrix on the device and its k-split, for EXL3 weights (null otherwise).
+  const Exl3DeviceView* exl3() const { return exl3_ ? &view_ : nullptr; }
+  const Exl3Plan& plan() const { return plan_; }
 
 private:
   std::string name_;

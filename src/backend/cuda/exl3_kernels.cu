@@ -66,13 +66,14 @@ __device__ __forceinline__ void mma_16x8x16(float (&d)[4], const uint32_t (&a)[4
 // words, so a lane's 8 states lie in the 72 bits from (8l + 1) * Bits - 16: four words, funnel-shifted to start
 // there, after which every window is at a compile-time offset.
 struct GemvParams {
-  const uint32_t* trellis;
-  const uint16_t* suh;
-  const uint16_t* svh;
+  Exl3MatrixRef matrix;         // the matrix of every launch without a table
+  const Exl3MatrixRef* table;   // or, per slot (blockIdx.z), matrix table[ids[slot]]
+  const int32_t* ids;
+  int64_t x_group;              // slot z reads input row z / x_group
   const float* x;
   float* y;
-  float* partial;      // [splits, kTokensPerPass, out_padded]
-  unsigned* counters;  // [out_padded / 128], zero between launches
+  float* partial;      // per slot: [splits, kTokensPerPass, out_padded]
+  unsigned* counters;  // per slot: [out_padded / 128], zero between launches
   int64_t in_features, out_features, in_padded, out_padded;
   int64_t slice_tiles;
   int num_tokens, splits;
@@ -85,6 +86,12 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) trellis_gemv(GemvParams p
   __shared__ bool last_slice;
   const int warp = static_cast<int>(threadIdx.x / 32), lane = static_cast<int>(threadIdx.x & 31u);
   const int64_t tiles_k = p.in_padded / 16, tiles_n = p.out_padded / 16;
+  const int64_t z = blockIdx.z;
+  const Exl3MatrixRef m = p.table ? p.table[p.ids[z]] : p.matrix;
+  const float* x = p.x + z / p.x_group * p.in_features;
+  float* y = p.y + z * p.out_features;
+  float* partial = p.partial + z * p.splits * kTokensPerPass * p.out_padded;
+  unsigned* counters = p.counters + z * (p.out_padded / 128);
   const int64_t slice = blockIdx.y;
   const int64_t a_begin = slice * p.slice_tiles, a_end = min(tiles_k, a_begin + p.slice_tiles);
   const int64_t stride = p.slice_tiles * 16 + kRowPad;
@@ -97,7 +104,7 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) trellis_gemv(GemvParams p
     if (t < p.num_tokens) {
       for (int j = 0; j < 4; ++j) {
         const int64_t i = a_begin * 16 + row + j;
-        if (i < p.in_features) v[j] = p.x[t * p.in_features + i] * __half2float(__ushort_as_half(p.suh[i]));
+        if (i < p.in_features) v[j] = x[t * p.in_features + i] * __half2float(__ushort_as_half(m.suh[i]));
       }
       hadamard128_warp(v);
     }
@@ -119,7 +126,7 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) trellis_gemv(GemvParams p
 #pragma unroll
     for (int u = 0; u < kTilesInFlight; ++u) {
       const int64_t a = min(group + u, a_end - 1);  // past the slice's end: a repeated tile, loaded and ignored
-      const uint32_t* record = p.trellis + (a * tiles_n + strip) * kWords;
+      const uint32_t* record = m.trellis + (a * tiles_n + strip) * kWords;
 #pragma unroll
       for (int i = 0; i < 4; ++i) raw[u][i] = __ldcs(record + (first_word + i) % kWords);
     }
@@ -151,7 +158,7 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) trellis_gemv(GemvParams p
     for (int r = 0; r < 2; ++r) {
       const int t = lane / 4 + 8 * r;
       if (t >= p.num_tokens) continue;
-      float* out = p.partial + (slice * kTokensPerPass + t) * p.out_padded + column;
+      float* out = partial + (slice * kTokensPerPass + t) * p.out_padded + column;
       out[0] = acc[half][2 * r];
       out[1] = acc[half][2 * r + 1];
     }
@@ -161,8 +168,8 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) trellis_gemv(GemvParams p
   __threadfence();
   __syncthreads();
   if (threadIdx.x == 0) {
-    last_slice = atomicAdd(p.counters + blockIdx.x, 1u) == static_cast<unsigned>(p.splits - 1);
-    if (last_slice) p.counters[blockIdx.x] = 0;
+    last_slice = atomicAdd(counters + blockIdx.x, 1u) == static_cast<unsigned>(p.splits - 1);
+    if (last_slice) counters[blockIdx.x] = 0;
   }
   __syncthreads();
   if (!last_slice) return;
@@ -171,46 +178,73 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) trellis_gemv(GemvParams p
     const int64_t base = static_cast<int64_t>(blockIdx.x) * 128 + lane * 4;
     float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     for (int s = 0; s < p.splits; ++s) {
-      const float* row = p.partial + (s * kTokensPerPass + t) * p.out_padded + base;
+      const float* row = partial + (s * kTokensPerPass + t) * p.out_padded + base;
       for (int j = 0; j < 4; ++j) v[j] += __ldcg(row + j);
     }
     hadamard128_warp(v);
     for (int j = 0; j < 4; ++j) {
       const int64_t o = base + j;
-      if (o < p.out_features) p.y[t * p.out_features + o] = v[j] * __half2float(__ushort_as_half(p.svh[o]));
+      if (o < p.out_features) y[t * p.out_features + o] = v[j] * __half2float(__ushort_as_half(m.svh[o]));
     }
   }
 }
 
+// Without a table: passes of up to 16 tokens over one matrix. With a table: one launch, one token per slot.
 template <int Bits, int Codebook>
-void launch_gemv(GemvParams p, const float* x, int64_t num_tokens, float* y, cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>(p.out_padded / 128), static_cast<unsigned>(p.splits));
+void launch_gemv(GemvParams p, int64_t num_tokens, int64_t slots, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(p.out_padded / 128), static_cast<unsigned>(p.splits),
+                  static_cast<unsigned>(slots));
+  const size_t shared = static_cast<size_t>(kTokensPerPass * (p.slice_tiles * 16 + kRowPad)) * sizeof(__half);
+  const float* x = p.x;
+  float* y = p.y;
   for (int64_t t = 0; t < num_tokens; t += kTokensPerPass) {
     p.num_tokens = static_cast<int>(std::min<int64_t>(kTokensPerPass, num_tokens - t));
     p.x = x + t * p.in_features;
     p.y = y + t * p.out_features;
-    const size_t shared = static_cast<size_t>(kTokensPerPass * (p.slice_tiles * 16 + kRowPad)) * sizeof(__half);
     trellis_gemv<Bits, Codebook><<<grid, 32 * kWarpsPerBlock, shared, stream>>>(p);
   }
 }
 
 template <int Bits>
-void launch_gemv_for_codebook(int codebook, const GemvParams& p, const float* x, int64_t num_tokens, float* y,
+void launch_gemv_for_codebook(int codebook, const GemvParams& p, int64_t num_tokens, int64_t slots,
                               cudaStream_t stream) {
   switch (codebook) {
     case 0:
-      return launch_gemv<Bits, 0>(p, x, num_tokens, y, stream);
+      return launch_gemv<Bits, 0>(p, num_tokens, slots, stream);
     case 1:
-      return launch_gemv<Bits, 1>(p, x, num_tokens, y, stream);
+      return launch_gemv<Bits, 1>(p, num_tokens, slots, stream);
     default:
-      return launch_gemv<Bits, 2>(p, x, num_tokens, y, stream);
+      return launch_gemv<Bits, 2>(p, num_tokens, slots, stream);
   }
 }
 
 template <int... Bits>
 void launch_gemv_for_bits(std::integer_sequence<int, Bits...>, int bits, int codebook, const GemvParams& p,
-                          const float* x, int64_t num_tokens, float* y, cudaStream_t stream) {
-  ((bits == Bits ? launch_gemv_for_codebook<Bits>(codebook, p, x, num_tokens, y, stream) : void()), ...);
+                          int64_t num_tokens, int64_t slots, cudaStream_t stream) {
+  ((bits == Bits ? launch_gemv_for_codebook<Bits>(codebook, p, num_tokens, slots, stream) : void()), ...);
+}
+
+bool launchable(const Exl3DeviceView& m) {
+  return m.bits >= 1 && m.bits <= 8 && m.in_padded % 128 == 0 && m.out_padded % 128 == 0;
+}
+
+GemvParams params_for(const Exl3DeviceView& m, const Exl3Plan& plan, const float* x, float* y, float* scratch,
+                      unsigned* counters) {
+  return GemvParams{.matrix = {.trellis = m.trellis, .suh = m.suh, .svh = m.svh},
+                    .table = nullptr,
+                    .ids = nullptr,
+                    .x_group = 1,
+                    .x = x,
+                    .y = y,
+                    .partial = scratch,
+                    .counters = counters,
+                    .in_features = m.in_features,
+                    .out_features = m.out_features,
+                    .in_padded = m.in_padded,
+                    .out_padded = m.out_padded,
+                    .slice_tiles = plan.slice_tiles,
+                    .num_tokens = 1,
+                    .splits = plan.splits};
 }
 
 }  // namespace
@@ -233,22 +267,22 @@ size_t exl3_counter_count(const Exl3DeviceView& matrix) { return static_cast<siz
 cudaError_t exl3_linear(const Exl3DeviceView& m, const Exl3Plan& plan, const float* x, int64_t num_tokens, float* y,
                         float* scratch, unsigned* counters, cudaStream_t stream) {
   if (num_tokens == 0) return cudaSuccess;
-  if (m.bits < 1 || m.bits > 8 || m.in_padded % 128 != 0 || m.out_padded % 128 != 0) return cudaErrorInvalidValue;
-  const GemvParams p{.trellis = m.trellis,
-                     .suh = m.suh,
-                     .svh = m.svh,
-                     .x = x,
-                     .y = y,
-                     .partial = scratch,
-                     .counters = counters,
-                     .in_features = m.in_features,
-                     .out_features = m.out_features,
-                     .in_padded = m.in_padded,
-                     .out_padded = m.out_padded,
-                     .slice_tiles = plan.slice_tiles,
-                     .num_tokens = 0,
-                     .splits = plan.splits};
-  launch_gemv_for_bits(std::integer_sequence<int, 1, 2, 3, 4, 5, 6, 7, 8>{}, m.bits, m.codebook, p, x, num_tokens, y,
+  if (!launchable(m)) return cudaErrorInvalidValue;
+  launch_gemv_for_bits(std::integer_sequence<int, 1, 2, 3, 4, 5, 6, 7, 8>{}, m.bits, m.codebook,
+                       params_for(m, plan, x, y, scratch, counters), num_tokens, 1, stream);
+  return cudaGetLastError();
+}
+
+cudaError_t exl3_slot_linear(const Exl3DeviceView& shape, const Exl3Plan& plan, const Exl3MatrixRef* table,
+                             const int32_t* ids, int64_t slots, const float* x, int64_t x_group, float* y,
+                             float* scratch, unsigned* counters, cudaStream_t stream) {
+  if (slots == 0) return cudaSuccess;
+  if (!launchable(shape) || x_group < 1 || slots > 65535) return cudaErrorInvalidValue;
+  GemvParams p = params_for(shape, plan, x, y, scratch, counters);
+  p.table = table;
+  p.ids = ids;
+  p.x_group = x_group;
+  launch_gemv_for_bits(std::integer_sequence<int, 1, 2, 3, 4, 5, 6, 7, 8>{}, shape.bits, shape.codebook, p, 1, slots,
                        stream);
   return cudaGetLastError();
 }

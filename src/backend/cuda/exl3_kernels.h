@@ -12,6 +12,13 @@
 
 namespace kestrel::cuda {
 
+// The device data of one EXL3 matrix.
+struct Exl3MatrixRef {
+  const uint32_t* trellis = nullptr;
+  const uint16_t* suh = nullptr;
+  const uint16_t* svh = nullptr;
+};
+
 // Device pointers of one EXL3 matrix: trellis int16 [in_padded/16, out_padded/16, 16*bits] read as 32-bit words,
 // suh fp16 [in_padded], svh fp16 [out_padded]. codebook is exl3::Codebook's value.
 struct Exl3DeviceView {
@@ -37,5 +44,13 @@ size_t exl3_counter_count(const Exl3DeviceView& matrix);
 // y[T, out_features] = x[T, in_features] W^T, all float32 device memory. Calls sharing `counters` must not overlap.
 cudaError_t exl3_linear(const Exl3DeviceView& matrix, const Exl3Plan& plan, const float* x, int64_t num_tokens,
                         float* y, float* scratch, unsigned* counters, cudaStream_t stream);
+
+// The routed-expert form, one launch for all slots (a slot is one token's use of one expert): for s in [0, slots),
+// y[s, out_features] = x[s / x_group, in_features] W^T with W = table[ids[s]] (device memory; every id must index
+// the table). All the table's matrices have `shape`'s size, bits and codebook (its pointers are not used). Scratch
+// and counters are per slot: slots times exl3_scratch_floats / exl3_counter_count. At most 65535 slots.
+cudaError_t exl3_slot_linear(const Exl3DeviceView& shape, const Exl3Plan& plan, const Exl3MatrixRef* table,
+                             const int32_t* ids, int64_t slots, const float* x, int64_t x_group, float* y,
+                             float* scratch, unsigned* counters, cudaStream_t stream);
 
 }  // namespace kestrel::cuda

@@ -1,0 +1,405 @@
+#include <algorithm>
+#include <climits>
+#include <cmath>
+
+#include "backend/cuda/block_reduce.cuh"
+#include "backend/cuda/dsa_kernels.h"
+
+namespace kestrel::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr size_t kDefaultSharedBytes = 48 * 1024;
+// Latent rows staged in shared memory per online-softmax step (32 KiB at the model's rank 512).
+constexpr int kLatentChunk = 16;
+
+__device__ __forceinline__ const float* paged_row(const DevicePagedRows& rows, int64_t i) {
+  const int64_t block = rows.block_ids[i / rows.block_rows];
+  return rows.pool + (block * rows.block_rows + i % rows.block_rows) * rows.row_width;
+}
+
+// Dynamic shared memory above 48 KiB must be opted into, per kernel.
+template <typename Kernel>
+cudaError_t allow_shared(Kernel* kernel, size_t bytes) {
+  if (bytes <= kDefaultSharedBytes) return cudaSuccess;
+  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+}
+
+// ---- k-pool compression ----
+
+// One thread per (pool, channel), the CPU's operations in its order (see the header on rounding).
+__global__ void __launch_bounds__(kThreads)
+    kpool_compress_kernel(DevicePagedRows keys, DevicePagedRows gates, const float* ape, int64_t first_pool,
+                          int64_t num_pools, int64_t kpool, float* pooled) {
+  const int64_t dim = keys.row_width, index = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (index >= num_pools * dim) return;
+  const int64_t c = index % dim, first_row = (first_pool + index / dim) * kpool;
+  const auto logit = [&](int64_t s) { return __fadd_rn(paged_row(gates, first_row + s)[c], ape[s * dim + c]); };
+  float max_logit = -INFINITY;
+  for (int64_t s = 0; s < kpool; ++s) max_logit = fmaxf(max_logit, logit(s));
+  float total = 0.0f;
+  for (int64_t s = 0; s < kpool; ++s) total = __fadd_rn(total, expf(logit(s) - max_logit));
+  float sum = 0.0f;
+  for (int64_t s = 0; s < kpool; ++s) {
+    const float weight = __fdiv_rn(expf(logit(s) - max_logit), total);
+    sum = __fadd_rn(sum, __fmul_rn(weight, paged_row(keys, first_row + s)[c]));
+  }
+  pooled[index] = sum;
+}
+
+// ---- indexer scores ----
+
+__device__ __forceinline__ int64_t visible_pools(const IndexerDeviceArgs& a, int64_t t) {
+  return min(a.pooled_keys.num_rows, (a.start + t + 1) / a.kpool);
+}
+
+// The shared memory of a score block: the token's queries transposed to [head_dim, heads4] (heads padded with zeros
+// to a multiple of 4, so a thread reads four heads' values as one float4) and its weights [heads4], the tile's keys
+// [tile, head_dim + 1] and the heads' terms [tile, heads4 + 1] (the +1 strides keep a warp's 32 pools in 32 banks).
+struct ScoreLayout {
+  int quads, heads4, tile;
+  size_t floats;
+};
+
+ScoreLayout score_layout(int64_t num_heads, int64_t head_dim) {
+  ScoreLayout l{};
+  l.quads = static_cast<int>((num_heads + 3) / 4);
+  l.heads4 = 4 * l.quads;
+  // About one (pool, head quad) item per thread; a multiple of 32 pools, so that a warp shares its quad.
+  l.tile = 32 * (l.quads >= kWarps ? 1 : kWarps / l.quads);
+  l.floats = static_cast<size_t>(head_dim * l.heads4 + l.heads4 + l.tile * (head_dim + 1) + l.tile * (l.heads4 + 1));
+  return l;
+}
+
+__device__ __forceinline__ float head_term(float dot, float weight, float softmax_scale) {
+  const float scaled = __fmul_rn(dot, softmax_scale);
+  return __fmul_rn(weight, scaled < 0.0f ? 0.0f : scaled);  // std::max(scaled, 0.0f) as the CPU writes it
+}
+
+// Block (t, y) scores token t's visible pools [y * tile, (y + 1) * tile). A thread forms four heads' dot products
+// with one key, each in channel order; one thread per pool then adds the heads' terms in head order: exactly the
+// CPU's sequence of roundings.
+__global__ void __launch_bounds__(kThreads)
+    indexer_scores_kernel(IndexerDeviceArgs a, ScoreLayout l, float softmax_scale) {
+  extern __shared__ float4 shared_vectors[];
+  const int64_t t = blockIdx.x, first = static_cast<int64_t>(blockIdx.y) * l.tile;
+  const int64_t visible = visible_pools(a, t);
+  if (first >= visible) return;
+  const int heads = static_cast<int>(a.num_heads), dim = static_cast<int>(a.head_dim);
+  const int rows = static_cast<int>(min(static_cast<int64_t>(l.tile), visible - first));
+  const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
+  float* queries = reinterpret_cast<float*>(shared_vectors);
+  float* weights = queries + dim * l.heads4;
+  float* keys = weights + l.heads4;
+  float* terms = keys + l.tile * (dim + 1);
+
+  for (int i = tid; i < l.heads4 * dim; i += kThreads) {  // reads the query row-major, coalesced
+    const int h = i / dim, c = i % dim;
+    queries[c * l.heads4 + h] = h < heads ? a.query[(t * heads + h) * dim + c] : 0.0f;
+  }
+  for (int h = tid; h < l.heads4; h += kThreads) weights[h] = h < heads ? a.weights[t * heads + h] : 0.0f;
+  for (int r = warp; r < rows; r += kWarps) {
+    const float* key = paged_row(a.pooled_keys, first + r);
+    for (int c = lane; c < dim; c += 32) keys[r * (dim + 1) + c] = key[c];
+  }
+  __syncthreads();
+
+  for (int item = tid; item < l.tile * l.quads; item += kThreads) {
+    const int r = item % l.tile, quad = item / l.tile;
+    if (r >= rows) continue;
+    const float* key = keys + r * (dim + 1);
+    const float4* q = reinterpret_cast<const float4*>(queries) + quad;
+    float d0 = 0.0f, d1 = 0.0f, d2 = 0.0f, d3 = 0.0f;
+    for (int c = 0; c < dim; ++c) {
+      const float k = key[c];
+      const float4 qc = q[c * l.quads];
+      d0 = __fadd_rn(d0, __fmul_rn(qc.x, k));
+      d1 = __fadd_rn(d1, __fmul_rn(qc.y, k));
+      d2 = __fadd_rn(d2, __fmul_rn(qc.z, k));
+      d3 = __fadd_rn(d3, __fmul_rn(qc.w, k));
+    }
+    float* out = terms + r * (l.heads4 + 1) + 4 * quad;
+    out[0] = head_term(d0, weights[4 * quad + 0], softmax_scale);
+    out[1] = head_term(d1, weights[4 * quad + 1], softmax_scale);
+    out[2] = head_term(d2, weights[4 * quad + 2], softmax_scale);
+    out[3] = head_term(d3, weights[4 * quad + 3], softmax_scale);
+  }
+  __syncthreads();
+
+  for (int r = tid; r < rows; r += kThreads) {
+    const float* row = terms + r * (l.heads4 + 1);
+    float score = 0.0f;
+    for (int h = 0; h < heads; ++h) score = __fadd_rn(score, row[h]);
+    a.scratch[t * a.pooled_keys.num_rows + first + r] = score;
+  }
+}
+
+// ---- indexer top-k ----
+
+// Unsigned keys in the order of the scores: a higher score has a higher key. -0 is folded into +0, which the CPU's
+// comparison treats as equal (a tie, broken by the pool index).
+__device__ __forceinline__ uint32_t order_key(float score) {
+  const uint32_t bits = __float_as_uint(score == 0.0f ? 0.0f : score);
+  return (bits & 0x80000000u) != 0 ? ~bits : bits | 0x80000000u;
+}
+
+// Exclusive prefix sum of v in thread order. `shared` holds kWarps ints.
+__device__ int block_exclusive_scan(int v, int* shared) {
+  const int lane = static_cast<int>(threadIdx.x & 31u), warp = static_cast<int>(threadIdx.x >> 5);
+  int inclusive = v;
+  for (int offset = 1; offset < 32; offset <<= 1) {
+    const int below = __shfl_up_sync(0xFFFFFFFFu, inclusive, offset);
+    if (lane >= offset) inclusive += below;
+  }
+  __syncthreads();  // `shared` may still be read by a previous call
+  if (lane == 31) shared[warp] = inclusive;
+  __syncthreads();
+  int before = 0;
+  for (int w = 0; w < warp; ++w) before += shared[w];
+  return before + inclusive - v;
+}
+
+// One radix step, run by warp 0. bins[256] counts the keys that match *prefix (the digits found so far) by their
+// digit at `shift`; the step appends the digit of the *needed-th largest of them to *prefix and leaves in *needed
+// that key's rank among the keys matching the longer prefix. Lane l owns digits 8l .. 8l + 7.
+__device__ void pick_digit(const int* bins, int shift, uint32_t* prefix, int* needed) {
+  const int lane = static_cast<int>(threadIdx.x);
+  const int need = *needed;
+  int counts[8], lane_total = 0;
+  for (int j = 0; j < 8; ++j) {
+    counts[j] = bins[8 * lane + j];
+    lane_total += counts[j];
+  }
+  int suffix = lane_total;  // keys with digits of this lane and above
+  for (int offset = 1; offset < 32; offset <<= 1) {
+    const int higher = __shfl_down_sync(0xFFFFFFFFu, suffix, offset);
+    if (lane + offset < 32) suffix += higher;
+  }
+  int above = suffix - lane_total;
+  __syncwarp();  // every lane has read *needed
+  for (int j = 7; j >= 0; --j) {
+    if (above < need && above + counts[j] >= need) {
+      *prefix |= static_cast<uint32_t>(8 * lane + j) << shift;
+      *needed = need - above;
+    }
+    above += counts[j];
+  }
+}
+
+// One block per token: the score of its keep-th best pool by a radix select, then the chosen pools in index order
+// (those above that score, and the lowest-indexed ones equal to it), each thread walking a contiguous run of pools.
+__global__ void __launch_bounds__(kThreads) indexer_topk_kernel(IndexerDeviceArgs a) {
+  __shared__ int bins[256];
+  __shared__ int scan[kWarps];
+  __shared__ uint32_t cut;
+  __shared__ int needed;
+  const int tid = static_cast<int>(threadIdx.x);
+  const int64_t t = blockIdx.x, position = a.start + t;
+  const int visible = static_cast<int>(visible_pools(a, t));
+  const int keep = static_cast<int>(min(a.topk_pools, static_cast<int64_t>(visible)));
+  const float* scores = a.scratch + t * a.pooled_keys.num_rows;
+
+  if (tid == 0) {
+    cut = 0;
+    needed = keep;
+  }
+  __syncthreads();
+  if (keep > 0) {
+    uint32_t mask = 0;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+      for (int i = tid; i < 256; i += kThreads) bins[i] = 0;
+      __syncthreads();
+      const uint32_t prefix = cut;
+      for (int i = tid; i < visible; i += kThreads) {
+        const uint32_t key = order_key(scores[i]);
+        if ((key & mask) == prefix) atomicAdd(&bins[(key >> shift) & 255u], 1);
+      }
+      __syncthreads();
+      if (tid < 32) pick_digit(bins, shift, &cut, &needed);
+      __syncthreads();
+      mask |= 255u << shift;
+    }
+  }
+  const uint32_t threshold = cut;
+  const int take_equal = needed;  // pools scoring exactly `threshold` to keep, lowest index first
+
+  const int per_thread = (visible + kThreads - 1) / kThreads;
+  const int begin = min(visible, tid * per_thread), end = min(visible, begin + per_thread);
+  int above = 0, equal = 0;
+  if (keep > 0) {
+    for (int i = begin; i < end; ++i) {
+      const uint32_t key = order_key(scores[i]);
+      above += key > threshold;
+      equal += key == threshold;
+    }
+  }
+  int equal_before = block_exclusive_scan(equal, scan);
+  const int take = above + max(0, min(equal, take_equal - equal_before));
+  int slot = block_exclusive_scan(take, scan);
+  const int64_t stride = a.topk_pools * a.kpool + a.kpool - 1;  // indexer_max_positions (a host function)
+  int32_t* out = a.positions + t * stride;
+  for (int i = begin; i < end && take > 0; ++i) {
+    const uint32_t key = order_key(scores[i]);
+    const bool chosen = key > threshold || (key == threshold && equal_before++ < take_equal);
+    if (!chosen) continue;
+    for (int64_t s = 0; s < a.kpool; ++s) out[slot * a.kpool + s] = static_cast<int32_t>(i * a.kpool + s);
+    ++slot;
+  }
+
+  const int64_t pooled = keep * a.kpool;
+  const int64_t tail = a.select_tail ? (position + 1) % a.kpool : 0;
+  for (int64_t i = tid; i < stride - pooled; i += kThreads) {
+    out[pooled + i] = i < tail ? static_cast<int32_t>(position + 1 - tail + i) : -1;
+  }
+  if (tid == 0) a.counts[t] = static_cast<int32_t>(pooled + tail);
+}
+
+// ---- sparse MLA attention ----
+
+// One block per (token, head). Shared memory: the staged latent rows [kLatentChunk, rank], q̂ [rank] (ô at the end),
+// the output accumulator [rank] (each thread owns the same ranks throughout), q [qk_head_dim], the step's
+// probabilities [kLatentChunk].
+__global__ void __launch_bounds__(kThreads) sparse_mla_kernel(SparseMlaDeviceArgs a) {
+  extern __shared__ float4 shared_vectors[];
+  __shared__ float running_max, running_total, rescale;
+  const int rank = static_cast<int>(a.kv_lora_rank), qk = static_cast<int>(a.qk_head_dim);
+  const int vd = static_cast<int>(a.v_head_dim);
+  const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
+  const int64_t t = blockIdx.x / a.num_heads, h = blockIdx.x % a.num_heads;
+  float* rows = reinterpret_cast<float*>(shared_vectors);
+  float* q_latent = rows + kLatentChunk * rank;
+  float* acc = q_latent + rank;
+  float* q = acc + rank;
+  float* probs = q + qk;
+
+  for (int d = tid; d < qk; d += kThreads) q[d] = a.query[(t * a.num_heads + h) * qk + d];
+  if (tid == 0) {
+    running_max = -INFINITY;
+    running_total = 0.0f;
+  }
+  __syncthreads();
+  const float* w_uk = a.w_uk + h * qk * rank;
+  for (int r = tid; r < rank; r += kThreads) {
+    float sum = 0.0f;
+    for (int d = 0; d < qk; ++d) sum += q[d] * w_uk[d * rank + r];
+    q_latent[r] = sum;
+    acc[r] = 0.0f;
+  }
+
+  const int count = a.counts[t];
+  const int32_t* positions = a.positions + t * a.positions_stride;
+  for (int first = 0; first < count; first += kLatentChunk) {
+    const int n = min(kLatentChunk, count - first);
+    __syncthreads();  // q̂ is complete; the previous step's rows are consumed
+    for (int i = warp; i < n; i += kWarps) {
+      const float* latent = paged_row(a.latents, positions[first + i]);
+      for (int r = lane; r < rank; r += 32) rows[i * rank + r] = latent[r];
+    }
+    __syncthreads();
+    for (int i = warp; i < n; i += kWarps) {
+      float dot = 0.0f;
+      for (int r = lane; r < rank; r += 32) dot += q_latent[r] * rows[i * rank + r];
+      dot = warp_sum(dot);
+      if (lane == 0) probs[i] = dot * a.scale;
+    }
+    __syncthreads();
+    if (warp == 0) {
+      const float score = lane < n ? probs[lane] : -INFINITY;
+      float step_max = score;
+      for (int offset = 16; offset > 0; offset >>= 1) {
+        step_max = fmaxf(step_max, __shfl_xor_sync(0xFFFFFFFFu, step_max, offset));
+      }
+      const float new_max = fmaxf(running_max, step_max);
+      const float p = lane < n ? expf(score - new_max) : 0.0f;
+      const float step_total = warp_sum(p);
+      if (lane < n) probs[lane] = p;
+      if (lane == 0) {
+        rescale = expf(running_max - new_max);  // 0 on the first step
+        running_total = running_total * rescale + step_total;
+        running_max = new_max;
+      }
+    }
+    __syncthreads();
+    for (int r = tid; r < rank; r += kThreads) {
+      float o = acc[r] * rescale;
+      for (int i = 0; i < n; ++i) o += probs[i] * rows[i * rank + r];
+      acc[r] = o;
+    }
+  }
+  __syncthreads();  // the last reads of q̂ are done; running_total is final
+  for (int r = tid; r < rank; r += kThreads) q_latent[r] = running_total > 0.0f ? acc[r] / running_total : 0.0f;
+  __syncthreads();
+  const float* w_uv = a.w_uv + h * vd * rank;
+  float* out = a.out + (t * a.num_heads + h) * vd;
+  for (int v = warp; v < vd; v += kWarps) {
+    float sum = 0.0f;
+    for (int r = lane; r < rank; r += 32) sum += w_uv[v * rank + r] * q_latent[r];
+    sum = warp_sum(sum);
+    if (lane == 0) out[v] = sum;
+  }
+}
+
+bool valid_rows(const DevicePagedRows& rows, int64_t width) {
+  return rows.block_rows > 0 && rows.row_width == width && rows.num_rows >= 0 &&
+         (rows.num_rows == 0 || (rows.pool != nullptr && rows.block_ids != nullptr));
+}
+
+}  // namespace
+
+cudaError_t kpool_compress(const DevicePagedRows& keys, const DevicePagedRows& gates, const float* ape,
+                           int64_t first_pool, int64_t num_pools, int64_t kpool, float* pooled, cudaStream_t stream) {
+  const int64_t dim = keys.row_width;
+  const bool valid = dim > 0 && kpool > 0 && first_pool >= 0 && num_pools >= 0 && valid_rows(keys, dim) &&
+                     valid_rows(gates, dim) && (first_pool + num_pools) * kpool <= keys.num_rows &&
+                     (first_pool + num_pools) * kpool <= gates.num_rows;
+  if (!valid) return cudaErrorInvalidValue;
+  if (num_pools == 0) return cudaSuccess;
+  const int64_t blocks = (num_pools * dim + kThreads - 1) / kThreads;
+  if (blocks > INT_MAX) return cudaErrorInvalidValue;
+  kpool_compress_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(keys, gates, ape, first_pool,
+                                                                               num_pools, kpool, pooled);
+  return cudaGetLastError();
+}
+
+cudaError_t indexer_select(const IndexerDeviceArgs& a, cudaStream_t stream) {
+  const int64_t pools = a.pooled_keys.num_rows;
+  // Positions and pool indices are int32 on the device; tiles of score blocks are limited by the grid's y extent.
+  const bool valid = a.num_tokens >= 0 && a.start >= 0 && a.num_heads > 0 && a.head_dim > 0 && a.kpool > 0 &&
+                     a.topk_pools >= 0 && valid_rows(a.pooled_keys, a.head_dim) && a.num_heads <= INT_MAX / 4 &&
+                     a.head_dim <= INT_MAX / 4 / a.num_heads && a.start + a.num_tokens <= INT_MAX &&
+                     indexer_max_positions(a.topk_pools, a.kpool) <= INT_MAX;
+  if (!valid) return cudaErrorInvalidValue;
+  if (a.num_tokens == 0) return cudaSuccess;
+  const int64_t most_visible = std::min(pools, (a.start + a.num_tokens) / a.kpool);
+  if (most_visible > 0) {
+    const ScoreLayout layout = score_layout(a.num_heads, a.head_dim);
+    const int64_t tiles = (most_visible + layout.tile - 1) / layout.tile;
+    if (tiles > 65535) return cudaErrorInvalidValue;
+    const size_t shared = layout.floats * sizeof(float);
+    if (const cudaError_t status = allow_shared(indexer_scores_kernel, shared); status != cudaSuccess) return status;
+    const float softmax_scale = 1.0f / std::sqrt(static_cast<float>(a.head_dim));  // as the CPU computes it
+    const dim3 grid(static_cast<unsigned>(a.num_tokens), static_cast<unsigned>(tiles));
+    indexer_scores_kernel<<<grid, kThreads, shared, stream>>>(a, layout, softmax_scale);
+    if (const cudaError_t status = cudaGetLastError(); status != cudaSuccess) return status;
+  }
+  indexer_topk_kernel<<<static_cast<unsigned>(a.num_tokens), kThreads, 0, stream>>>(a);
+  return cudaGetLastError();
+}
+
+cudaError_t sparse_mla_attention(const SparseMlaDeviceArgs& a, cudaStream_t stream) {
+  const bool valid = a.num_tokens >= 0 && a.num_heads > 0 && a.qk_head_dim > 0 && a.v_head_dim > 0 &&
+                     a.kv_lora_rank > 0 && a.qk_head_dim <= INT_MAX / a.kv_lora_rank &&
+                     a.v_head_dim <= INT_MAX / a.kv_lora_rank && a.positions_stride >= 0 &&
+                     valid_rows(a.latents, a.kv_lora_rank) && a.num_tokens <= INT_MAX / a.num_heads;
+  if (!valid) return cudaErrorInvalidValue;
+  if (a.num_tokens == 0) return cudaSuccess;
+  const size_t shared =
+      static_cast<size_t>((kLatentChunk + 2) * a.kv_lora_rank + a.qk_head_dim + kLatentChunk) * sizeof(float);
+  if (const cudaError_t status = allow_shared(sparse_mla_kernel, shared); status != cudaSuccess) return status;
+  sparse_mla_kernel<<<static_cast<unsigned>(a.num_tokens * a.num_heads), kThreads, shared, stream>>>(a);
+  return cudaGetLastError();
+}
+
+}  // namespace kestrel::cuda

@@ -1,0 +1,86 @@
+// DeepSeek sparse attention (DSA) on the GPU, with the semantics of the CPU backend (cpu/dsa.cpp): k-pool
+// compression of the indexer keys, the lightning indexer's selection of the positions each new token attends to, and
+// NoPE MLA attention over those positions in the absorbed form. Cached rows are read in place from the paged cache
+// through DevicePagedRows. All pointers are device memory; every launcher checks its shapes (cudaErrorInvalidValue
+// before any CUDA call) and returns the launch's error (cudaSuccess when it was queued).
+//
+// Numerics. kpool_compress and the indexer's scores run the CPU's float operations in the CPU's order with every
+// product and sum rounded on its own (the CPU's x86-64 code is not FMA-contracted), so scores are bitwise the CPU's
+// and the selection is identical, ties and near ties included; pooled keys differ only by expf's last bits.
+// Attention reduces in another order (warp partials, online softmax), so it matches the CPU to rounding.
+//
+// Design. The indexer is two launches: scores of every visible pool into a caller's scratch [T, pools] (a block per
+// (token, tile of pools), the token's queries and the tile's keys in shared memory), then one block per token picks
+// its top pools by a radix select over the score bits (four 8-bit passes find the score of the k-th pool; the pools
+// above it and the lowest-indexed ones equal to it are kept) and writes them in pool order, which is position order.
+// Attention is one block per (token, head): q̂ = W_UKᵀ q, then the selected latents in chunks of 16 rows staged in
+// shared memory with an online softmax, then o = W_UV ô. Both are shaped for decode; prefill wants the indexer
+// scores and q̂ as tensor-core GEMMs over many tokens (each block here re-reads the keys, and W_UK, per token).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace kestrel::cuda {
+
+// One sequence's rows in a device pool of blocks (engine/paged_rows.h on the GPU, like vLLM's KV cache): block id b
+// holds `block_rows` rows of `row_width` floats at pool + b * block_rows * row_width, and the sequence's row i lives
+// in block block_ids[i / block_rows] at row i % block_rows.
+struct DevicePagedRows {
+  const float* pool = nullptr;
+  const int32_t* block_ids = nullptr;  // the sequence's block table
+  int64_t block_rows = 0, row_width = 0, num_rows = 0;
+};
+
+// Pooled indexer keys of pools [first_pool, first_pool + num_pools) into pooled [num_pools, dim] (dim = the keys'
+// row width): per channel, softmax over the pool's kpool slots of gate + ape[slot] weighting the keys. ape is
+// [kpool, dim]; keys and gates must hold every row of those pools.
+cudaError_t kpool_compress(const DevicePagedRows& keys, const DevicePagedRows& gates, const float* ape,
+                           int64_t first_pool, int64_t num_pools, int64_t kpool, float* pooled, cudaStream_t stream);
+
+// The longest selection of one token: topk_pools whole pools and an incomplete tail of up to kpool - 1 positions.
+constexpr int64_t indexer_max_positions(int64_t topk_pools, int64_t kpool) { return topk_pools * kpool + kpool - 1; }
+// Floats of scratch indexer_select needs: one score per (token, complete pool). 1M tokens of context at kpool 4 is
+// 250k pools, 1 MB per token.
+constexpr int64_t indexer_scratch_floats(int64_t num_tokens, int64_t num_pools) { return num_tokens * num_pools; }
+
+// IndexerArgs (backend/backend.h) on the device, for T new tokens at positions [start, start + T).
+struct IndexerDeviceArgs {
+  int64_t num_tokens = 0, start = 0;
+  int64_t num_heads = 0, head_dim = 0, kpool = 0, topk_pools = 0;
+  bool select_tail = true;
+  const float* query = nullptr;    // [T, heads, head_dim] indexer queries
+  const float* weights = nullptr;  // [T, heads] per-head weights
+  DevicePagedRows pooled_keys;     // one row of head_dim per complete pool of the sequence
+  float* scratch = nullptr;        // [T, pooled_keys.num_rows]: indexer_scratch_floats(T, pooled_keys.num_rows)
+  int32_t* positions = nullptr;    // [T, indexer_max_positions(topk_pools, kpool)]: out, ascending, then -1
+  int32_t* counts = nullptr;       // [T]: out, the number of positions of each token
+};
+
+// For each token at position t: the score of each visible pool p (p * kpool + kpool - 1 <= t, p < pools) is
+// sum_h weights[h] * relu(query[h] . key[p] / sqrt(head_dim)); the best min(topk_pools, visible) pools (higher score,
+// then lower index) give their kpool positions each, and with select_tail the incomplete pool's positions
+// [t + 1 - (t + 1) % kpool, t] follow. Scores must not be NaN.
+cudaError_t indexer_select(const IndexerDeviceArgs& args, cudaStream_t stream);
+
+// SparseMlaArgs (backend/backend.h) on the device, with kv_b already split per head (mla_weights.h) and the
+// selection as indexer_select writes it.
+struct SparseMlaDeviceArgs {
+  int64_t num_tokens = 0, num_heads = 0, qk_head_dim = 0, v_head_dim = 0, kv_lora_rank = 0;
+  float scale = 1.0f;              // softmax scale, qk_head_dim^-1/2 in the model
+  const float* query = nullptr;    // [T, heads, qk_head_dim]
+  const float* w_uk = nullptr;     // [heads, qk_head_dim, kv_lora_rank]
+  const float* w_uv = nullptr;     // [heads, v_head_dim, kv_lora_rank]
+  DevicePagedRows latents;         // [positions, kv_lora_rank]
+  const int32_t* positions = nullptr;  // [T, positions_stride], each below latents.num_rows
+  const int32_t* counts = nullptr;     // [T]
+  int64_t positions_stride = 0;
+  float* out = nullptr;            // [T, heads, v_head_dim]
+};
+
+// Per token t and head h: q̂ = W_UK[h]ᵀ q[t, h]; p = softmax over the selected positions j of scale * q̂ . latent[j];
+// out[t, h] = W_UV[h] sum_j p_j latent[j] (zeros for a token with no positions).
+cudaError_t sparse_mla_attention(const SparseMlaDeviceArgs& args, cudaStream_t stream);
+
+}  // namespace kestrel::cuda

@@ -1,0 +1,118 @@
+#include "backend/cuda/elementwise_kernels.h"
+
+namespace kestrel::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+
+unsigned blocks_for(int64_t n) { return static_cast<unsigned>((n + kThreads - 1) / kThreads); }
+
+__device__ __forceinline__ int64_t element_index() {
+  return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+}
+
+__global__ void clamped_swiglu_kernel(const float* gate, const float* up, int64_t n, float limit, float* out) {
+  const int64_t i = element_index();
+  if (i >= n) return;
+  const float g = fminf(gate[i], limit);
+  const float u = fminf(fmaxf(up[i], -limit), limit);
+  out[i] = g / (1.0f + expf(-g)) * u;
+}
+
+__global__ void sigmoid_kernel(float* x, int64_t n) {
+  const int64_t i = element_index();
+  if (i < n) x[i] = 1.0f / (1.0f + expf(-x[i]));
+}
+
+__global__ void scale_kernel(float* x, int64_t n, float factor) {
+  const int64_t i = element_index();
+  if (i < n) x[i] *= factor;
+}
+
+__global__ void add_kernel(const float* x, int64_t n, float* y) {
+  const int64_t i = element_index();
+  if (i < n) y[i] += x[i];
+}
+
+// i indexes [T, hidden].
+__global__ void stream_mean_kernel(const float* streams, int64_t n, int64_t hc_mult, int64_t hidden, float* out) {
+  const int64_t i = element_index();
+  if (i >= n) return;
+  const int64_t t = i / hidden, d = i % hidden;
+  float sum = 0.0f;
+  for (int64_t s = 0; s < hc_mult; ++s) sum += streams[(t * hc_mult + s) * hidden + d];
+  out[i] = sum / static_cast<float>(hc_mult);
+}
+
+// i indexes [T, hc, hidden].
+__global__ void stream_expand_kernel(const float* x, int64_t n, int64_t hc_mult, int64_t hidden, float* streams) {
+  const int64_t i = element_index();
+  if (i >= n) return;
+  const int64_t d = i % hidden, t = i / (hc_mult * hidden);
+  streams[i] = x[t * hidden + d];
+}
+
+// i indexes [T, hidden].
+__global__ void weighted_slot_sum_kernel(const float* slots, const float* weights, int64_t n, int64_t top_k,
+                                         int64_t hidden, float* out) {
+  const int64_t i = element_index();
+  if (i >= n) return;
+  const int64_t t = i / hidden, d = i % hidden;
+  float sum = 0.0f;
+  for (int64_t j = 0; j < top_k; ++j) sum += weights[t * top_k + j] * slots[(t * top_k + j) * hidden + d];
+  out[i] = sum;
+}
+
+}  // namespace
+
+cudaError_t clamped_swiglu(const float* gate, const float* up, int64_t n, float limit, float* out,
+                           cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  clamped_swiglu_kernel<<<blocks_for(n), kThreads, 0, stream>>>(gate, up, n, limit, out);
+  return cudaGetLastError();
+}
+
+cudaError_t sigmoid(float* x, int64_t n, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  sigmoid_kernel<<<blocks_for(n), kThreads, 0, stream>>>(x, n);
+  return cudaGetLastError();
+}
+
+cudaError_t scale(float* x, int64_t n, float factor, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  scale_kernel<<<blocks_for(n), kThreads, 0, stream>>>(x, n, factor);
+  return cudaGetLastError();
+}
+
+cudaError_t add(const float* x, int64_t n, float* y, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  add_kernel<<<blocks_for(n), kThreads, 0, stream>>>(x, n, y);
+  return cudaGetLastError();
+}
+
+cudaError_t stream_mean(const float* streams, int64_t num_tokens, int64_t hc_mult, int64_t hidden, float* out,
+                        cudaStream_t stream) {
+  const int64_t n = num_tokens * hidden;
+  if (n == 0) return cudaSuccess;
+  stream_mean_kernel<<<blocks_for(n), kThreads, 0, stream>>>(streams, n, hc_mult, hidden, out);
+  return cudaGetLastError();
+}
+
+cudaError_t stream_expand(const float* x, int64_t num_tokens, int64_t hc_mult, int64_t hidden, float* streams,
+                          cudaStream_t stream) {
+  const int64_t n = num_tokens * hc_mult * hidden;
+  if (n == 0) return cudaSuccess;
+  stream_expand_kernel<<<blocks_for(n), kThreads, 0, stream>>>(x, n, hc_mult, hidden, streams);
+  return cudaGetLastError();
+}
+
+cudaError_t weighted_slot_sum(const float* slots, const float* weights, int64_t num_tokens, int64_t top_k,
+                              int64_t hidden, float* out, cudaStream_t stream) {
+  const int64_t n = num_tokens * hidden;
+  if (n == 0) return cudaSuccess;
+  weighted_slot_sum_kernel<<<blocks_for(n), kThreads, 0, stream>>>(slots, weights, n, top_k, hidden, out);
+  return cudaGetLastError();
+}
+
+}  // namespace kestrel::cuda

@@ -1,0 +1,208 @@
+#include <cstdint>
+
+#include "backend/cuda/block_reduce.cuh"
+#include "backend/cuda/kda_kernels.h"
+
+namespace kestrel::cuda {
+
+namespace {
+
+constexpr int kElementwiseThreads = 256;
+constexpr int kMaxConvKernel = 8;
+constexpr int kColumnsPerWarp = 8;  // value columns of the state one warp owns
+constexpr int kWarpsPerBlock = 4;   // 32 columns per block: a 64 x 128 decode step is 256 blocks, over every SM
+
+unsigned blocks_for(int64_t n, int threads) { return static_cast<unsigned>((n + threads - 1) / threads); }
+
+// One thread per channel walks the tokens with the last kernel-1 inputs in registers: the loops run to the maximum
+// kernel with guards, so that every array index is a compile-time constant.
+__global__ void __launch_bounds__(kElementwiseThreads)
+    causal_conv_silu_kernel(const float* x, int64_t num_tokens, int64_t channels, int kernel, const float* weight,
+                            float* conv_state, float* y) {
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= channels) return;
+  const int history = kernel - 1;
+  const float* w = weight + c * kernel;
+  float w_history[kMaxConvKernel - 1];
+  float window[kMaxConvKernel] = {};  // the previous inputs, oldest first (one spare slot keeps the shift in bounds)
+#pragma unroll
+  for (int j = 0; j < kMaxConvKernel - 1; ++j) {
+    w_history[j] = j < history ? w[j] : 0.0f;
+    window[j] = j < history ? conv_state[j * channels + c] : 0.0f;
+  }
+  const float w_current = w[history];
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    const float xt = x[t * channels + c];
+    float sum = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kMaxConvKernel - 1; ++j) {
+      if (j < history) sum += w_history[j] * window[j];
+    }
+    sum += w_current * xt;
+    y[t * channels + c] = sum / (1.0f + expf(-sum));
+#pragma unroll
+    for (int j = 0; j < kMaxConvKernel - 1; ++j) {
+      if (j + 1 < history) {
+        window[j] = window[j + 1];
+      } else if (j + 1 == history) {
+        window[j] = xt;
+      }
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < kMaxConvKernel - 1; ++j) {
+    if (j < history) conv_state[j * channels + c] = window[j];
+  }
+}
+
+__global__ void __launch_bounds__(kElementwiseThreads)
+    kda_gate_kernel(const float* f, int64_t n, int64_t num_heads, int64_t head_dim, const float* a_log,
+                    const float* dt_bias, bool bounded, float lower_bound, float* g) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const int64_t channel = i % (num_heads * head_dim);  // h * head_dim + c
+  const float rate = expf(a_log[channel / head_dim]);
+  const float x = f[i] + dt_bias[channel];
+  if (bounded) {
+    g[i] = lower_bound / (1.0f + expf(-(rate * x)));
+  } else {
+    const float softplus = x > 20.0f ? x : logf(1.0f + expf(x));  // as the CPU (transformers' guard)
+    g[i] = -rate * softplus;
+  }
+}
+
+// One token's inputs as one lane holds them: q, k and g of key rows lane + 32 i, v of the warp's columns.
+template <int D>
+struct TokenInputs {
+  float q[D / 32], k[D / 32], g[D / 32], v[kColumnsPerWarp], beta;
+};
+
+template <int D>
+__device__ __forceinline__ TokenInputs<D> load_token(const KdaDeviceArgs& a, int64_t t, int64_t h, int column0,
+                                                     int lane) {
+  TokenInputs<D> in;
+  const int64_t row = (t * a.num_heads + h) * D;
+#pragma unroll
+  for (int i = 0; i < D / 32; ++i) {
+    in.q[i] = a.q[row + lane + 32 * i];
+    in.k[i] = a.k[row + lane + 32 * i];
+    in.g[i] = a.g[row + lane + 32 * i];
+  }
+#pragma unroll
+  for (int j = 0; j < kColumnsPerWarp; ++j) in.v[j] = a.v[row + column0 + j];
+  in.beta = a.beta[t * a.num_heads + h];
+  return in;
+}
+
+// Head blockIdx.x; each warp owns value columns [column0, column0 + 8) and every key row, so S^T k and S^T q are
+// warp reductions over the key rows and the warps never meet. Lane l holds S[l + 32 i][column0 + j] in registers for
+// the whole call; the next token's inputs are loaded while the current one is computed.
+template <int D>
+__global__ void __launch_bounds__(32 * kWarpsPerBlock) kda_recurrent_kernel(KdaDeviceArgs a) {
+  constexpr int kRows = D / 32;
+  const int lane = static_cast<int>(threadIdx.x & 31u);
+  const int64_t h = blockIdx.x;
+  const int column0 = (static_cast<int>(blockIdx.y) * kWarpsPerBlock + static_cast<int>(threadIdx.x / 32)) *
+                      kColumnsPerWarp;
+  float* state = a.state + h * D * D;  // S[c * D + v]
+  float S[kRows][kColumnsPerWarp];
+#pragma unroll
+  for (int i = 0; i < kRows; ++i) {
+    const float4* p = reinterpret_cast<const float4*>(state + (lane + 32 * i) * D + column0);
+    const float4 lo = p[0], hi = p[1];
+    S[i][0] = lo.x, S[i][1] = lo.y, S[i][2] = lo.z, S[i][3] = lo.w;
+    S[i][4] = hi.x, S[i][5] = hi.y, S[i][6] = hi.z, S[i][7] = hi.w;
+  }
+  const float scale = 1.0f / sqrtf(static_cast<float>(D));
+  TokenInputs<D> next = load_token<D>(a, 0, h, column0, lane);
+  for (int64_t t = 0; t < a.num_tokens; ++t) {
+    const TokenInputs<D> in = next;
+    if (t + 1 < a.num_tokens) next = load_token<D>(a, t + 1, h, column0, lane);
+    float qq = 0.0f, kk = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kRows; ++i) {
+      qq += in.q[i] * in.q[i];
+      kk += in.k[i] * in.k[i];
+    }
+    const float q_norm = sqrtf(warp_sum(qq) + 1e-6f), k_norm = sqrtf(warp_sum(kk) + 1e-6f);
+    float q[kRows], k[kRows];
+#pragma unroll
+    for (int i = 0; i < kRows; ++i) {
+      q[i] = in.q[i] / q_norm * scale;
+      k[i] = in.k[i] / k_norm;
+    }
+    float memory[kColumnsPerWarp] = {};
+#pragma unroll
+    for (int i = 0; i < kRows; ++i) {
+      const float decay = expf(in.g[i]);
+#pragma unroll
+      for (int j = 0; j < kColumnsPerWarp; ++j) {
+        S[i][j] *= decay;
+        memory[j] += S[i][j] * k[i];
+      }
+    }
+    float out[kColumnsPerWarp] = {};
+#pragma unroll
+    for (int j = 0; j < kColumnsPerWarp; ++j) {
+      const float delta = (in.v[j] - warp_sum(memory[j])) * in.beta;
+#pragma unroll
+      for (int i = 0; i < kRows; ++i) {
+        S[i][j] += k[i] * delta;
+        out[j] += S[i][j] * q[i];
+      }
+    }
+    float* o = a.out + (t * a.num_heads + h) * D + column0;
+#pragma unroll
+    for (int j = 0; j < kColumnsPerWarp; ++j) {
+      const float sum = warp_sum(out[j]);
+      if (lane == j) o[j] = sum;
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kRows; ++i) {
+    float4* p = reinterpret_cast<float4*>(state + (lane + 32 * i) * D + column0);
+    p[0] = make_float4(S[i][0], S[i][1], S[i][2], S[i][3]);
+    p[1] = make_float4(S[i][4], S[i][5], S[i][6], S[i][7]);
+  }
+}
+
+}  // namespace
+
+cudaError_t causal_conv_silu(const float* x, int64_t num_tokens, int64_t channels, int64_t kernel,
+                             const float* weight, float* conv_state, float* y, cudaStream_t stream) {
+  if (kernel < 1 || kernel > kMaxConvKernel) return cudaErrorInvalidValue;
+  if (num_tokens == 0 || channels == 0) return cudaSuccess;
+  causal_conv_silu_kernel<<<blocks_for(channels, kElementwiseThreads), kElementwiseThreads, 0, stream>>>(
+      x, num_tokens, channels, static_cast<int>(kernel), weight, conv_state, y);
+  return cudaGetLastError();
+}
+
+cudaError_t kda_gate(const float* f, int64_t num_tokens, int64_t num_heads, int64_t head_dim, const float* a_log,
+                     const float* dt_bias, const float* lower_bound, float* g, cudaStream_t stream) {
+  const int64_t n = num_tokens * num_heads * head_dim;
+  if (n == 0) return cudaSuccess;
+  kda_gate_kernel<<<blocks_for(n, kElementwiseThreads), kElementwiseThreads, 0, stream>>>(
+      f, n, num_heads, head_dim, a_log, dt_bias, lower_bound != nullptr, lower_bound ? *lower_bound : 0.0f, g);
+  return cudaGetLastError();
+}
+
+cudaError_t kda_recurrent(const KdaDeviceArgs& args, cudaStream_t stream) {
+  const int64_t D = args.head_dim;
+  if ((D != 64 && D != 128) || reinterpret_cast<uintptr_t>(args.state) % 16 != 0) return cudaErrorInvalidValue;
+  if (args.num_tokens == 0 || args.num_heads == 0) return cudaSuccess;
+  const dim3 grid(static_cast<unsigned>(args.num_heads),
+                  static_cast<unsigned>(D / (kColumnsPerWarp * kWarpsPerBlock)));
+  if (D == 64) {
+    kda_recurrent_kernel<64><<<grid, 32 * kWarpsPerBlock, 0, stream>>>(args);
+  } else {
+    kda_recurrent_kernel<128><<<grid, 32 * kWarpsPerBlock, 0, stream>>>(args);
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t kda_chunked(const KdaDeviceArgs& args, int64_t chunk_size, cudaStream_t stream) {
+  if (chunk_size < 1) return cudaErrorInvalidValue;
+  return kda_recurrent(args, stream);
+}
+
+}  // namespace kestrel::cuda

@@ -1,0 +1,24 @@
+// MLA's up-projection kv_b_proj split for the absorbed form that sparse_mla_attention (dsa_kernels.h) runs: per head,
+// W_UK [qk_head_dim, kv_lora_rank] maps queries into the latent space (q̂ = W_UKᵀ q) and W_UV [v_head_dim,
+// kv_lora_rank] maps the attended latent back out (o = W_UV ô). Dequantised to float32 once at load, whatever the
+// stored format: 64 MiB per layer at GLM-5.3-Flash's 64 heads x (256 + 256) x 512.
+#pragma once
+
+#include <cstdint>
+
+#include "backend/cuda/device_runtime.h"
+#include "backend/linear_weight.h"
+
+namespace kestrel::cuda {
+
+struct DeviceMlaWeights {
+  DeviceBuffer w_uk;  // f32 [heads, qk_head_dim, kv_lora_rank]
+  DeviceBuffer w_uv;  // f32 [heads, v_head_dim, kv_lora_rank]
+  int64_t heads = 0, qk_head_dim = 0, v_head_dim = 0, kv_lora_rank = 0;
+
+  // kv_b is [heads * (qk_head_dim + v_head_dim), kv_lora_rank]: head h's qk_head_dim rows of W_UK, then its
+  // v_head_dim rows of W_UV. Throws Error when the shape disagrees.
+  static DeviceMlaWeights upload(const LinearWeight& kv_b, int64_t heads, int64_t qk_head_dim, int64_t v_head_dim);
+};
+
+}  // namespace kestrel::cuda

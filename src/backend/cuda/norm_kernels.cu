@@ -1,0 +1,63 @@
+#include "backend/cuda/block_reduce.cuh"
+#include "backend/cuda/norm_kernels.h"
+
+namespace kestrel::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+
+// gate == nullptr: plain RMSNorm.
+__global__ void __launch_bounds__(kThreads)
+    rms_norm_rows(const float* x, int64_t n, const float* weight, const float* gate, float eps, float* y) {
+  __shared__ float shared[32];
+  const float* in = x + blockIdx.x * n;
+  float* out = y + blockIdx.x * n;
+  float sum_squares = 0.0f;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) sum_squares += in[i] * in[i];
+  const float inv_rms = 1.0f / sqrtf(block_sum(sum_squares, shared) / static_cast<float>(n) + eps);
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    float v = (weight ? weight[i] : 1.0f) * (in[i] * inv_rms);
+    if (gate) v *= 1.0f / (1.0f + expf(-gate[blockIdx.x * n + i]));
+    out[i] = v;
+  }
+}
+
+__global__ void __launch_bounds__(kThreads)
+    layer_norm_rows(const float* x, int64_t n, const float* weight, const float* bias, float eps, float* y) {
+  __shared__ float shared[32];
+  const float* in = x + blockIdx.x * n;
+  float* out = y + blockIdx.x * n;
+  float sum = 0.0f;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) sum += in[i];
+  const float mean = block_sum(sum, shared) / static_cast<float>(n);
+  float squares = 0.0f;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) squares += (in[i] - mean) * (in[i] - mean);
+  const float inv_std = 1.0f / sqrtf(block_sum(squares, shared) / static_cast<float>(n) + eps);
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) out[i] = (in[i] - mean) * inv_std * weight[i] + bias[i];
+}
+
+}  // namespace
+
+cudaError_t rms_norm(const float* x, int64_t rows, int64_t n, const float* weight, float eps, float* y,
+                     cudaStream_t stream) {
+  if (rows == 0) return cudaSuccess;
+  rms_norm_rows<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(x, n, weight, nullptr, eps, y);
+  return cudaGetLastError();
+}
+
+cudaError_t layer_norm(const float* x, int64_t rows, int64_t n, const float* weight, const float* bias, float eps,
+                       float* y, cudaStream_t stream) {
+  if (rows == 0) return cudaSuccess;
+  layer_norm_rows<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(x, n, weight, bias, eps, y);
+  return cudaGetLastError();
+}
+
+cudaError_t gated_rms_norm(const float* x, const float* gate, int64_t rows, int64_t n, const float* weight, float eps,
+                           float* y, cudaStream_t stream) {
+  if (rows == 0) return cudaSuccess;
+  rms_norm_rows<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(x, n, weight, gate, eps, y);
+  return cudaGetLastError();
+}
+
+}  // namespace kestrel::cuda

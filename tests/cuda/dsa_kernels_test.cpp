@@ -1,0 +1,316 @@
+// The CUDA DSA ops against the CPU backend (cpu/dsa.cpp). Cached rows are host PagedRows on a scattered block table
+// (two sequences taking blocks in turns), copied to one device pool at the same block ids, the blocks of the other
+// sequence left NaN. k-pool compression within 1e-6 (only expf's last bits differ); the indexer's selection identical
+// at the nano and GLM-5.3-Flash indexer shapes — decode deep in the context, prefill with per-token visibility,
+// positions where every visible pool is kept, with and without the tail, ties from duplicated pooled keys; sparse
+// MLA attention over the CPU's selection (up to 2051 positions) within 1e-5 at the nano and the model's MLA shapes,
+// tokens with no position included. Without a GPU, only the argument checks run.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cuda/dsa_kernels.h"
+#include "backend/cuda/mla_weights.h"
+#include "base/error.h"
+#include "base/numeric.h"
+#include "cuda_test_util.h"
+
+namespace kestrel::cuda {
+namespace {
+
+using namespace kestrel::cuda::testing;
+
+// Pooled keys run the CPU's operations in its order; expf may differ in the last bits.
+constexpr double kKpoolTolerance = 1e-6;
+// Attention reduces the latent dot products over warp lanes and the softmax online in chunks of 16 positions, with
+// FMAs; the CPU reduces in position order. The kernel's order emulated on the host is 3.0e-6 from the CPU at the
+// model's shape (64 heads, 2051 positions); the CPU itself is 2.5e-6 from a float64 evaluation.
+constexpr double kAttentionTolerance = 1e-5;
+constexpr int64_t kKpool = 4, kBlockTokens = 64;
+
+// A block table whose ids are not 0, 1, 2, ...: another sequence takes 1 or 2 blocks after each of ours.
+class ScatteredTable {
+public:
+  explicit ScatteredTable(int64_t num_blocks) {
+    std::mt19937 rng(11);
+    while (ours_.size() < num_blocks) {
+      ours_.grow_to(ours_.size() + 1);
+      other_.grow_to(other_.size() + 1 + static_cast<int64_t>(rng() % 2));
+    }
+  }
+  BlockTable& table() { return ours_; }
+
+private:
+  GrowingBlockSource source_;
+  BlockTable ours_{source_}, other_{source_};
+};
+
+int64_t blocks_for(int64_t tokens) { return (tokens + kBlockTokens - 1) / kBlockTokens; }
+
+void append_rows(PagedRows& rows, const std::vector<float>& values) {
+  const auto width = static_cast<size_t>(rows.row_width());
+  for (size_t i = 0; i < values.size(); i += width) std::copy_n(&values[i], width, rows.append());
+}
+
+// The blocks of `pool` that `table` names, at the same ids in one device pool (vLLM's layout); other ids hold NaN, so
+// a read through a wrong block id shows.
+struct DeviceRows {
+  DeviceBuffer pool, block_ids;
+  DevicePagedRows view;
+};
+
+DeviceRows to_device_rows(RowBlockPool& pool, const BlockTable& table, int64_t num_rows) {
+  const std::vector<int32_t>& ids = table.ids();
+  const int64_t block_floats = pool.block_rows() * pool.row_width();
+  const int64_t max_id = *std::max_element(ids.begin(), ids.end());
+  std::vector<float> host(static_cast<size_t>((max_id + 1) * block_floats), std::numeric_limits<float>::quiet_NaN());
+  for (const int32_t id : ids) std::copy_n(pool.block(id), block_floats, host.begin() + id * block_floats);
+  DeviceRows rows{.pool = to_device(host), .block_ids = to_device(ids), .view = {}};
+  rows.view = DevicePagedRows{.pool = rows.pool.as<float>(), .block_ids = rows.block_ids.as<int32_t>(),
+                              .block_rows = pool.block_rows(), .row_width = pool.row_width(), .num_rows = num_rows};
+  return rows;
+}
+
+TEST(CudaDsaTest, KpoolCompressMatchesCpu) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  CpuBackend cpu;
+  const int64_t tokens = 1003;  // 250 complete pools and a partial one
+  struct Span {
+    int64_t first, count;
+  };
+  for (const int64_t dim : {int64_t{32}, int64_t{128}}) {  // index_head_dim of the nano model, of GLM-5.3-Flash
+    ScatteredTable seq(blocks_for(tokens));
+    RowBlockPool key_pool(dim, kBlockTokens), gate_pool(dim, kBlockTokens);
+    PagedRows keys(key_pool, seq.table()), gates(gate_pool, seq.table());
+    append_rows(keys, random_values(static_cast<size_t>(tokens * dim), 21));
+    append_rows(gates, random_values(static_cast<size_t>(tokens * dim), 22, 2.0f));
+    const std::vector<float> ape = random_values(static_cast<size_t>(kKpool * dim), 23);
+    const DeviceRows keys_dev = to_device_rows(key_pool, seq.table(), tokens);
+    const DeviceRows gates_dev = to_device_rows(gate_pool, seq.table(), tokens);
+    const DeviceBuffer ape_dev = to_device(ape);
+    for (const Span span : {Span{0, 250}, Span{137, 1}}) {  // a prompt's pools; the one a decode step completes
+      std::vector<float> expected(static_cast<size_t>(span.count * dim));
+      for (int64_t p = 0; p < span.count; ++p) {
+        cpu.kpool_compress(keys, gates, ape.data(), span.first + p, kKpool, &expected[static_cast<size_t>(p * dim)]);
+      }
+      DeviceBuffer pooled(expected.size() * sizeof(float));
+      check(kpool_compress(keys_dev.view, gates_dev.view, ape_dev.as<float>(), span.first, span.count, kKpool,
+                           pooled.as<float>(), nullptr),
+            "kpool_compress");
+      EXPECT_LT(relative_difference(to_host<float>(pooled), expected), kKpoolTolerance)
+          << "dim " << dim << " first pool " << span.first;
+    }
+  }
+}
+
+struct IndexerShape {
+  int64_t heads, head_dim, topk_pools;
+};
+constexpr IndexerShape kNanoIndexer{4, 32, 256};     // index_n_heads, index_head_dim, index_topk / index_kpool
+constexpr IndexerShape kModelIndexer{32, 128, 512};  // GLM-5.3-Flash
+
+// A sequence's pooled keys: PagedRows on a scattered table (block_tokens / kpool pools per block) and the device copy.
+struct PooledKeys {
+  PooledKeys(int64_t num_pools, int64_t dim, const std::vector<float>& values)
+      : seq(blocks_for(num_pools * kKpool)), pool(dim, kBlockTokens / kKpool), rows(pool, seq.table()) {
+    append_rows(rows, values);
+    device = to_device_rows(pool, seq.table(), num_pools);
+  }
+  ScatteredTable seq;
+  RowBlockPool pool;
+  PagedRows rows;
+  DeviceRows device;
+};
+
+// The GPU's selection as lists, checking that each is padded with -1 to indexer_max_positions.
+std::vector<std::vector<int64_t>> gpu_select(const IndexerArgs& a, const DevicePagedRows& pooled_keys) {
+  const int64_t T = a.num_tokens, stride = indexer_max_positions(a.topk_pools, a.kpool);
+  const DeviceBuffer query = to_device(std::vector<float>(a.query, a.query + T * a.num_heads * a.head_dim));
+  const DeviceBuffer weights = to_device(std::vector<float>(a.weights, a.weights + T * a.num_heads));
+  DeviceBuffer scratch(static_cast<size_t>(indexer_scratch_floats(T, pooled_keys.num_rows)) * sizeof(float));
+  DeviceBuffer positions(static_cast<size_t>(T * stride) * sizeof(int32_t));
+  DeviceBuffer counts(static_cast<size_t>(T) * sizeof(int32_t));
+  check(indexer_select(IndexerDeviceArgs{.num_tokens = T, .start = a.start, .num_heads = a.num_heads,
+                                         .head_dim = a.head_dim, .kpool = a.kpool, .topk_pools = a.topk_pools,
+                                         .select_tail = a.select_tail, .query = query.as<float>(),
+                                         .weights = weights.as<float>(), .pooled_keys = pooled_keys,
+                                         .scratch = scratch.as<float>(), .positions = positions.as<int32_t>(),
+                                         .counts = counts.as<int32_t>()},
+                       nullptr),
+        "indexer_select");
+  const std::vector<int32_t> flat = to_host<int32_t>(positions);
+  const std::vector<int32_t> count = to_host<int32_t>(counts);
+  std::vector<std::vector<int64_t>> selected(static_cast<size_t>(T));
+  for (int64_t t = 0; t < T; ++t) {
+    const auto row = flat.begin() + t * stride;
+    const int32_t n = count[static_cast<size_t>(t)];
+    EXPECT_TRUE(n >= 0 && n <= stride) << "token " << t << " count " << n;
+    if (n < 0 || n > stride) continue;
+    selected[static_cast<size_t>(t)].assign(row, row + n);
+    EXPECT_TRUE(std::all_of(row + n, row + stride, [](int32_t p) { return p == -1; })) << "token " << t;
+  }
+  return selected;
+}
+
+// Random queries and weights (of both signs) for T tokens from `start`; the GPU's lists must equal the CPU's, with
+// and without the tail.
+void expect_cpu_selection(const IndexerShape& shape, const PooledKeys& keys, int64_t start, int64_t T, uint32_t seed) {
+  const std::vector<float> query = random_values(static_cast<size_t>(T * shape.heads * shape.head_dim), seed);
+  const std::vector<float> weights = random_values(static_cast<size_t>(T * shape.heads), seed + 1,
+                                                   1.0f / std::sqrt(static_cast<float>(shape.heads)));
+  for (const bool tail : {true, false}) {
+    const IndexerArgs args{.num_tokens = T, .start = start, .num_heads = shape.heads, .head_dim = shape.head_dim,
+                           .kpool = kKpool, .topk_pools = shape.topk_pools, .select_tail = tail,
+                           .query = query.data(), .weights = weights.data(), .pooled_keys = &keys.rows};
+    std::vector<std::vector<int64_t>> expected;
+    CpuBackend().indexer_select(args, expected);
+    const std::vector<std::vector<int64_t>> got = gpu_select(args, keys.device.view);
+    ASSERT_EQ(got.size(), expected.size());
+    for (size_t t = 0; t < got.size(); ++t) {
+      EXPECT_EQ(got[t], expected[t]) << "heads " << shape.heads << " pools " << keys.rows.size() << " position "
+                                     << start + static_cast<int64_t>(t) << " tail " << tail;
+    }
+  }
+}
+
+struct Step {
+  int64_t start, num_tokens;
+};
+
+TEST(CudaDsaTest, IndexerSelectsAsCpu) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  const int64_t pools = 3000;  // 12000 tokens of context
+  uint32_t seed = 30;
+  for (const IndexerShape shape : {kNanoIndexer, kModelIndexer}) {
+    const PooledKeys keys(pools, shape.head_dim, random_values(static_cast<size_t>(pools * shape.head_dim), ++seed));
+    // Decode at 5000 (1250 pools visible) and past the last pool (all 3000, a 2-token tail); a 7-token prefill
+    // whose tokens see 2997..2999 pools; early positions where every visible pool is kept (none at 0..2).
+    for (const Step step : {Step{5000, 1}, Step{12001, 1}, Step{11990, 7}, Step{100, 7}, Step{0, 7}}) {
+      expect_cpu_selection(shape, keys, step.start, step.num_tokens, seed += 2);
+    }
+  }
+}
+
+TEST(CudaDsaTest, IndexerBreaksTiesToLowerPools) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  const int64_t pools = 3000;
+  uint32_t seed = 50;
+  // 37 distinct keys repeated (each score ~81 times, so the cut falls inside a tie), then one key for every pool.
+  for (const int64_t distinct : {int64_t{37}, int64_t{1}}) {
+    for (const IndexerShape shape : {kNanoIndexer, kModelIndexer}) {
+      const std::vector<float> base = random_values(static_cast<size_t>(distinct * shape.head_dim), ++seed);
+      std::vector<float> values(static_cast<size_t>(pools * shape.head_dim));
+      for (int64_t p = 0; p < pools; ++p) {
+        std::copy_n(base.begin() + (p % distinct) * shape.head_dim, shape.head_dim,
+                    values.begin() + p * shape.head_dim);
+      }
+      const PooledKeys keys(pools, shape.head_dim, values);
+      for (const Step step : {Step{12001, 1}, Step{11990, 7}, Step{5000, 1}}) {
+        expect_cpu_selection(shape, keys, step.start, step.num_tokens, seed += 2);
+      }
+    }
+  }
+}
+
+struct MlaShape {
+  int64_t heads, qk_head_dim, v_head_dim, kv_lora_rank;
+  DType dtype;  // of kv_b
+};
+
+TEST(CudaDsaTest, SparseMlaAttentionMatchesCpu) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  CpuBackend cpu;
+  uint32_t seed = 70;
+  // The nano model's MLA and GLM-5.3-Flash's (64 heads, 256 + 256, rank 512).
+  for (const MlaShape shape : {MlaShape{4, 64, 64, 128, DType::bf16}, MlaShape{64, 256, 256, 512, DType::f32}}) {
+    const int64_t H = shape.heads, qk = shape.qk_head_dim, vd = shape.v_head_dim, rank = shape.kv_lora_rank;
+    const std::vector<float> kv_b_values = random_values(static_cast<size_t>(H * (qk + vd) * rank), ++seed, 0.05f);
+    std::vector<uint16_t> kv_b_bf16(kv_b_values.size());
+    for (size_t i = 0; i < kv_b_values.size(); ++i) kv_b_bf16[i] = f32_to_bf16(kv_b_values[i]);
+    const void* kv_b_data = shape.dtype == DType::bf16 ? static_cast<const void*>(kv_b_bf16.data())
+                                                       : static_cast<const void*>(kv_b_values.data());
+    const LinearWeight kv_b{.name = "self_attn.kv_b_proj.weight", .dtype = shape.dtype, .out_features = H * (qk + vd),
+                            .in_features = rank, .data = static_cast<const std::byte*>(kv_b_data)};
+    const DeviceMlaWeights weights = DeviceMlaWeights::upload(kv_b, H, qk, vd);
+    // Positions 0..4 without the tail (the first three attend to nothing), then positions 5997..5999 of a 6000-token
+    // context: 512 of 1500 pools and tails of 2, 3 and 0 positions (up to 2051 positions).
+    for (const Step step : {Step{0, 5}, Step{5997, 3}}) {
+      const int64_t T = step.num_tokens, tokens = step.start + T, pools = tokens / kKpool;
+      ScatteredTable seq(blocks_for(tokens));
+      RowBlockPool latent_pool(rank, kBlockTokens), pooled_pool(kNanoIndexer.head_dim, kBlockTokens / kKpool);
+      PagedRows latents(latent_pool, seq.table()), pooled(pooled_pool, seq.table());
+      append_rows(latents, random_values(static_cast<size_t>(tokens * rank), ++seed));
+      append_rows(pooled, random_values(static_cast<size_t>(pools * kNanoIndexer.head_dim), ++seed));
+      const std::vector<float> index_query =
+          random_values(static_cast<size_t>(T * kNanoIndexer.heads * kNanoIndexer.head_dim), ++seed);
+      const std::vector<float> index_weights = random_values(static_cast<size_t>(T * kNanoIndexer.heads), ++seed);
+      std::vector<std::vector<int64_t>> selected;
+      cpu.indexer_select(IndexerArgs{.num_tokens = T, .start = step.start, .num_heads = kNanoIndexer.heads,
+                                     .head_dim = kNanoIndexer.head_dim, .kpool = kKpool,
+                                     .topk_pools = kModelIndexer.topk_pools, .select_tail = step.start > 0,
+                                     .query = index_query.data(), .weights = index_weights.data(),
+                                     .pooled_keys = &pooled},
+                         selected);
+      const int64_t stride = indexer_max_positions(kModelIndexer.topk_pools, kKpool);
+      std::vector<int32_t> positions(static_cast<size_t>(T * stride), -1), counts(static_cast<size_t>(T));
+      for (int64_t t = 0; t < T; ++t) {
+        const std::vector<int64_t>& list = selected[static_cast<size_t>(t)];
+        counts[static_cast<size_t>(t)] = static_cast<int32_t>(list.size());
+        std::copy(list.begin(), list.end(), positions.begin() + t * stride);
+      }
+
+      const std::vector<float> query = random_values(static_cast<size_t>(T * H * qk), ++seed);
+      const float scale = 1.0f / std::sqrt(static_cast<float>(qk));
+      std::vector<float> expected(static_cast<size_t>(T * H * vd));
+      cpu.sparse_mla_attention(SparseMlaArgs{.num_tokens = T, .num_heads = H, .qk_head_dim = qk, .v_head_dim = vd,
+                                             .kv_lora_rank = rank, .scale = scale, .query = query.data(),
+                                             .kv_b = &kv_b, .latents = &latents, .selected = &selected,
+                                             .out = expected.data()});
+
+      const DeviceRows latents_dev = to_device_rows(latent_pool, seq.table(), tokens);
+      const DeviceBuffer query_dev = to_device(query), positions_dev = to_device(positions);
+      const DeviceBuffer counts_dev = to_device(counts);
+      DeviceBuffer out(expected.size() * sizeof(float));
+      check(sparse_mla_attention(SparseMlaDeviceArgs{.num_tokens = T, .num_heads = H, .qk_head_dim = qk,
+                                                     .v_head_dim = vd, .kv_lora_rank = rank, .scale = scale,
+                                                     .query = query_dev.as<float>(),
+                                                     .w_uk = weights.w_uk.as<float>(),
+                                                     .w_uv = weights.w_uv.as<float>(), .latents = latents_dev.view,
+                                                     .positions = positions_dev.as<int32_t>(),
+                                                     .counts = counts_dev.as<int32_t>(), .positions_stride = stride,
+                                                     .out = out.as<float>()},
+                                 nullptr),
+            "sparse_mla_attention");
+      EXPECT_LT(relative_difference(to_host<float>(out), expected), kAttentionTolerance)
+          << "heads " << H << " rank " << rank << " start " << step.start;
+    }
+  }
+}
+
+TEST(CudaDsaTest, BadShapesAreRefused) {
+  // Checked before any CUDA call: with or without a GPU.
+  EXPECT_EQ(indexer_max_positions(512, 4), 2051);
+  EXPECT_EQ(indexer_scratch_floats(7, 3000), 21000);
+  const DevicePagedRows empty{.block_rows = 16, .row_width = 128};
+  EXPECT_EQ(kpool_compress(empty, empty, nullptr, 0, 1, 4, nullptr, nullptr), cudaErrorInvalidValue);  // uncached
+  IndexerDeviceArgs indexer{.num_tokens = 1, .start = 0, .num_heads = 32, .head_dim = 64, .kpool = 4,
+                            .topk_pools = 512, .pooled_keys = empty};
+  EXPECT_EQ(indexer_select(indexer, nullptr), cudaErrorInvalidValue);  // keys 128 wide, head_dim 64
+  indexer.head_dim = 128;
+  indexer.kpool = 0;
+  EXPECT_EQ(indexer_select(indexer, nullptr), cudaErrorInvalidValue);
+  const SparseMlaDeviceArgs mla{.num_tokens = 1, .num_heads = 64, .qk_head_dim = 256, .v_head_dim = 256,
+                                .kv_lora_rank = 512, .latents = empty};
+  EXPECT_EQ(sparse_mla_attention(mla, nullptr), cudaErrorInvalidValue);  // latents 128 wide, rank 512
+  const LinearWeight kv_b{.name = "kv_b", .dtype = DType::f32, .out_features = 10, .in_features = 4,
+                          .data = reinterpret_cast<const std::byte*>(&mla)};
+  EXPECT_THROW(DeviceMlaWeights::upload(kv_b, 2, 3, 3), Error);  // 10 rows, not 2 x (3 + 3)
+}
+
+}  // namespace
+}  // namespace kestrel::cuda

@@ -1,0 +1,92 @@
+// The CUDA mHC pre-mix (rms_norm of the flattened streams, the fn linear, mhc_mix) and post-mix against the CPU
+// backend's mhc_pre/mhc_post, at the nano model's shape and GLM-5.3-Flash's (hc 4, hidden 4096), with an fn of
+// bf16 weights as in the checkpoints. The Sinkhorn weights are computed in the CPU's order; differences come from
+// the linear's summation order and the device's expf, so the tolerance is 1e-5 of the largest value.
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cuda/device_linear.h"
+#include "backend/cuda/mhc_kernels.h"
+#include "backend/cuda/norm_kernels.h"
+#include "base/error.h"
+#include "base/numeric.h"
+#include "cuda_test_util.h"
+
+namespace kestrel::cuda {
+namespace {
+
+using namespace kestrel::cuda::testing;
+
+constexpr double kTolerance = 1e-5;
+
+struct Case {
+  int64_t tokens, hc, hidden;
+};
+
+TEST(CudaMhcTest, PreAndPostMatchCpu) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  CpuBackend cpu;
+  Scratch scratch;
+  for (const Case c : {Case{1, 4, 256}, Case{6, 4, 256}, Case{2, 4, 4096}, Case{3, 2, 100}}) {
+    const int64_t mix = (2 + c.hc) * c.hc, width = c.hc * c.hidden;
+    const std::vector<float> fn = random_values(static_cast<size_t>(mix * width), 1, 0.05f);
+    std::vector<uint16_t> fn_bf16(fn.size());
+    for (size_t i = 0; i < fn.size(); ++i) fn_bf16[i] = f32_to_bf16(fn[i]);
+    MhcWeights weights{.fn = LinearWeight{.name = "hc_fn", .dtype = DType::bf16, .out_features = mix,
+                                          .in_features = width,
+                                          .data = reinterpret_cast<const std::byte*>(fn_bf16.data())},
+                       .base = random_values(static_cast<size_t>(mix), 2),
+                       .scale = {0.7f, 1.3f, 2.0f}};
+    const MhcShape shape{.num_tokens = c.tokens, .hc_mult = c.hc, .hidden = c.hidden, .rms_eps = 1e-6f,
+                         .hc_eps = 1e-6f, .sinkhorn_iters = 20};
+    const std::vector<float> streams = random_values(static_cast<size_t>(c.tokens * width), 3, 2.0f);
+    std::vector<float> post(static_cast<size_t>(c.tokens * c.hc)), comb(static_cast<size_t>(c.tokens * c.hc * c.hc));
+    std::vector<float> collapsed(static_cast<size_t>(c.tokens * c.hidden));
+    cpu.mhc_pre(shape, weights, streams.data(), post.data(), comb.data(), collapsed.data());
+
+    const DeviceLinear fn_dev = DeviceLinear::upload(weights.fn, device_info(0).sm_count);
+    const DeviceBuffer streams_dev = to_device(streams), base_dev = to_device(weights.base),
+                       scale_dev = to_device(weights.scale);
+    DeviceBuffer flat(streams.size() * sizeof(float)), mixes(static_cast<size_t>(c.tokens * mix) * sizeof(float));
+    DeviceBuffer post_dev(post.size() * sizeof(float)), comb_dev(comb.size() * sizeof(float)),
+        collapsed_dev(collapsed.size() * sizeof(float));
+    check(rms_norm(streams_dev.as<float>(), c.tokens, width, nullptr, shape.rms_eps, flat.as<float>(), nullptr),
+          "rms_norm");
+    fn_dev.forward(flat.as<float>(), c.tokens, mixes.as<float>(), scratch, nullptr);
+    check(mhc_mix(MhcMixArgs{.num_tokens = c.tokens, .hc_mult = c.hc, .hidden = c.hidden, .hc_eps = shape.hc_eps,
+                             .sinkhorn_iters = shape.sinkhorn_iters, .mixes = mixes.as<float>(),
+                             .base = base_dev.as<float>(), .scale = scale_dev.as<float>(),
+                             .streams = streams_dev.as<float>(), .post = post_dev.as<float>(),
+                             .comb = comb_dev.as<float>(), .collapsed = collapsed_dev.as<float>()},
+                  nullptr),
+          "mhc_mix");
+    const std::string where = "tokens " + std::to_string(c.tokens) + " hc " + std::to_string(c.hc) + " hidden " +
+                              std::to_string(c.hidden);
+    EXPECT_LT(relative_difference(to_host(post_dev), post), kTolerance) << where;
+    EXPECT_LT(relative_difference(to_host(comb_dev), comb), kTolerance) << where;
+    EXPECT_LT(relative_difference(to_host(collapsed_dev), collapsed), kTolerance) << where;
+
+    // The post-mix from the CPU's weights, so that it is tested on its own.
+    const std::vector<float> block_out = random_values(collapsed.size(), 4);
+    std::vector<float> expected = streams;
+    cpu.mhc_post(shape, post.data(), comb.data(), block_out.data(), expected.data());
+    DeviceBuffer updated = to_device(streams);
+    const DeviceBuffer cpu_post = to_device(post), cpu_comb = to_device(comb), out_dev = to_device(block_out);
+    check(mhc_post(cpu_post.as<float>(), cpu_comb.as<float>(), out_dev.as<float>(), c.tokens, c.hc, c.hidden,
+                   updated.as<float>(), nullptr),
+          "mhc_post");
+    EXPECT_LT(relative_difference(to_host(updated), expected), kTolerance) << where;
+  }
+}
+
+TEST(CudaMhcTest, UnsupportedStreamCountIsRefused) {
+  // Argument checks run before any launch, so this holds with or without a GPU.
+  EXPECT_EQ(mhc_post(nullptr, nullptr, nullptr, 1, kMaxHcMult + 1, 8, nullptr, nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(mhc_mix(MhcMixArgs{.num_tokens = 1, .hc_mult = 0, .hidden = 8, .sinkhorn_iters = 20}, nullptr),
+            cudaErrorInvalidValue);
+}
+
+}  // namespace
+}  // namespace kestrel::cuda
