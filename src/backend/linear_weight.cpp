@@ -116,4 +116,12 @@ void dequantize_row(const LinearWeight& weight, int64_t row, float* out) {
   }
 }
 
+std::vector<float> block_scales(const LinearWeight& weight) {
+  const int64_t rows = (weight.out_features + weight.block_rows - 1) / weight.block_rows;
+  const int64_t cols = (weight.in_features + weight.block_cols - 1) / weight.block_cols;
+  std::vector<float> scales(static_cast<size_t>(rows * cols));
+  for (int64_t i = 0; i < rows * cols; ++i) scales[static_cast<size_t>(i)] = load_scalar(weight.scale, weight.scale_dtype, i);
+  return scales;
+}
+
 }  // namespace kestrel

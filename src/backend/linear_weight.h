@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "formats/dtype.h"
 #include "formats/exl3_codec.h"
@@ -50,6 +51,9 @@ struct LinearWeight {
 // Writes row `row` of W, dequantised to float32, into out[in_features]. EXL3 rows are slow (a k x 128 slice is
 // decoded per row): fine for embeddings, tests and tools; the backends' linear ops have EXL3 paths of their own.
 void dequantize_row(const LinearWeight& weight, int64_t row, float* out);
+
+// The block-fp8 scale grid of `weight` as float32, [ceil(out / block_rows), ceil(in / block_cols)] row-major.
+std::vector<float> block_scales(const LinearWeight& weight);
 
 // Decodes tile (a, b) of an EXL3 matrix's rotated weight Ŵ (rows 16a.., columns 16b..) to float, row-major 16 x 16.
 void decode_exl3_tile(const Exl3Matrix& matrix, int64_t a, int64_t b, float* tile);

@@ -1,6 +1,6 @@
 // CUDA linears against the CPU backend: the EXL3 tensor-core GEMV for every codebook and bitrate, shapes that need
-// padding on both dims, and token counts that fill and cross the 16-token pass; the dense GEMV for f32/f16/bf16
-// weights. Without a GPU, only the error paths run (a device allocation must fail with a clear Error, not crash).
+// padding on both dims, and token counts that fill and cross the 16-token pass; the dense GEMV for f32/f16/bf16 and
+// block-fp8 weights. Without a GPU, only the error paths run (a device allocation must fail with a clear Error, not crash).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -108,17 +108,47 @@ TEST(CudaLinearTest, DenseMatchesCpuForEachWeightType) {
   }
 }
 
-TEST(CudaLinearTest, Fp8WeightIsRefusedWithItsName) {
+TEST(CudaLinearTest, BlockFp8MatchesCpuForEachScaleType) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  // 300 rows: a ragged last row block. in = 512 and 400 (a ragged 16-column last block) take the vector path,
+  // in = 300 the scalar loop.
+  const int64_t out = 300, block = 128;
+  std::mt19937 rng(21);
+  for (const int64_t in : {512, 400, 300}) {
+    std::vector<uint8_t> codes(static_cast<size_t>(out * in));
+    for (uint8_t& c : codes) {
+      do c = static_cast<uint8_t>(rng()); while ((c & 0x7F) == 0x7F);  // every finite e4m3 code (0x7F/0xFF are NaN)
+    }
+    const int64_t grid = ((out + block - 1) / block) * ((in + block - 1) / block);
+    const std::vector<float> scales = random_values(static_cast<size_t>(grid), 22, 0.01f);
+    std::vector<uint16_t> scales_bf16(scales.size());
+    for (size_t i = 0; i < scales.size(); ++i) scales_bf16[i] = f32_to_bf16(scales[i]);
+    const std::pair<DType, const void*> cases[] = {{DType::f32, scales.data()}, {DType::bf16, scales_bf16.data()}};
+    for (const auto& [scale_dtype, scale_data] : cases) {
+      const LinearWeight weight{.name = "fp8", .dtype = DType::f8_e4m3, .out_features = out, .in_features = in,
+                                .data = reinterpret_cast<const std::byte*>(codes.data()),
+                                .scale = static_cast<const std::byte*>(scale_data), .scale_dtype = scale_dtype,
+                                .block_rows = block, .block_cols = block};
+      for (const int64_t tokens : {1, 5, 17}) {
+        const std::vector<float> x = random_values(static_cast<size_t>(tokens * in), 23);
+        EXPECT_LT(relative_difference(gpu_linear(weight, x, tokens), cpu_linear(weight, x, tokens)), kDenseTolerance)
+            << "in " << in << " scales " << dtype_name(scale_dtype) << " tokens " << tokens;
+      }
+    }
+  }
+}
+
+TEST(CudaLinearTest, Fp8BlocksTheKernelCannotTakeAreRefusedWithTheName) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   const std::vector<uint8_t> data(128 * 128, 0x38);
-  const float scale = 1.0f;
+  const std::vector<float> scales(16 * 16, 1.0f);
   const LinearWeight weight{.name = "layers.0.mlp.gate_proj.weight", .dtype = DType::f8_e4m3, .out_features = 128,
                             .in_features = 128, .data = reinterpret_cast<const std::byte*>(data.data()),
-                            .scale = reinterpret_cast<const std::byte*>(&scale), .scale_dtype = DType::f32,
-                            .block_rows = 128, .block_cols = 128};
+                            .scale = reinterpret_cast<const std::byte*>(scales.data()), .scale_dtype = DType::f32,
+                            .block_rows = 8, .block_cols = 8};
   try {
     (void)DeviceLinear::upload(weight, 1);
-    FAIL() << "fp8 upload succeeded";
+    FAIL() << "fp8 with 8-column scale blocks was accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("layers.0.mlp.gate_proj.weight"), std::string::npos) << e.what();
   }

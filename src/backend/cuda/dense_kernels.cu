@@ -1,5 +1,6 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -19,21 +20,36 @@ __device__ __forceinline__ float to_float(W w) {
     return __bfloat162float(w);
   } else if constexpr (std::is_same_v<W, __half>) {
     return __half2float(w);
+  } else if constexpr (std::is_same_v<W, __nv_fp8_e4m3>) {
+    return static_cast<float>(w);
   } else {
     return w;
   }
 }
 
 // Lane l reads 16-byte vectors l, l + 32, ... of the row (kVector weights each), so a warp's loads are coalesced
-// 512-byte runs; rows whose length is not a multiple of kVector (or not 16-byte aligned) take the scalar loop.
+// 512-byte runs; rows whose length is not a multiple of kVector (or not 16-byte aligned) take the scalar loop. With
+// block scales, each weight is multiplied by its block's scale before the dot product (a vector lies in one block).
 template <typename W>
 __global__ void __launch_bounds__(32 * kWarpsPerBlock)
-    dense_gemv(const W* weight, int64_t out_features, int64_t in_features, const float* x, int num_tokens, float* y) {
+    dense_gemv(const W* weight, int64_t out_features, int64_t in_features, const float* x, int num_tokens, float* y,
+               BlockScales scales) {
   constexpr int kVector = 16 / sizeof(W);
+  constexpr bool kScaled = std::is_same_v<W, __nv_fp8_e4m3>;
   const int lane = static_cast<int>(threadIdx.x & 31u);
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   if (row >= out_features) return;
   const W* w = weight + row * in_features;
+  const int64_t scale_cols = kScaled ? (in_features + scales.block_cols - 1) / scales.block_cols : 0;
+  const float* row_scales = kScaled ? scales.scales + row / scales.block_rows * scale_cols : nullptr;
+  // The weight as the CPU dequantises it: fp8 times its block's scale, rounded to float32.
+  const auto weight_at = [&](W value, int64_t column) {
+    if constexpr (kScaled) {
+      return to_float(value) * row_scales[column / scales.block_cols];
+    } else {
+      return to_float(value);
+    }
+  };
   float acc[kTokensPerPass] = {};
   const bool aligned = ((reinterpret_cast<uintptr_t>(weight) | reinterpret_cast<uintptr_t>(x)) & 15u) == 0;
   if (aligned && in_features % kVector == 0) {
@@ -43,7 +59,7 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
       const W* values = reinterpret_cast<const W*>(&packed);
       float wf[kVector];
 #pragma unroll
-      for (int j = 0; j < kVector; ++j) wf[j] = to_float(values[j]);
+      for (int j = 0; j < kVector; ++j) wf[j] = weight_at(values[j], v * kVector);
       for (int t = 0; t < num_tokens; ++t) {
         const float4* xv = reinterpret_cast<const float4*>(x + t * in_features + v * kVector);
         float sum = 0.0f;
@@ -57,7 +73,7 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
     }
   } else {
     for (int64_t i = lane; i < in_features; i += 32) {
-      const float wi = to_float(w[i]);
+      const float wi = weight_at(w[i], i);
       for (int t = 0; t < num_tokens; ++t) acc[t] += wi * x[t * in_features + i];
     }
   }
@@ -70,13 +86,13 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
 
 template <typename W>
 void launch(const void* weight, int64_t out_features, int64_t in_features, const float* x, int64_t num_tokens,
-            float* y, cudaStream_t stream) {
+            float* y, const BlockScales& scales, cudaStream_t stream) {
   const auto blocks = static_cast<unsigned>((out_features + kWarpsPerBlock - 1) / kWarpsPerBlock);
   for (int64_t t = 0; t < num_tokens; t += kTokensPerPass) {
     const int n = static_cast<int>(std::min<int64_t>(kTokensPerPass, num_tokens - t));
     dense_gemv<W><<<blocks, 32 * kWarpsPerBlock, 0, stream>>>(static_cast<const W*>(weight), out_features,
                                                               in_features, x + t * in_features, n,
-                                                              y + t * out_features);
+                                                              y + t * out_features, scales);
   }
 }
 
@@ -106,6 +122,9 @@ void with_element_type(DenseWeightType type, F&& f) {
     case DenseWeightType::bf16:
       f(__nv_bfloat16{});
       break;
+    case DenseWeightType::f8_e4m3:
+      f(__nv_fp8_e4m3{});
+      break;
   }
 }
 
@@ -113,6 +132,7 @@ void with_element_type(DenseWeightType type, F&& f) {
 
 cudaError_t gather_rows(const void* table, DenseWeightType type, int64_t cols, const int32_t* ids, int64_t num_tokens,
                         float* out, cudaStream_t stream) {
+  if (type == DenseWeightType::f8_e4m3) return cudaErrorInvalidValue;
   if (num_tokens == 0) return cudaSuccess;
   with_element_type(type, [&](auto element) {
     launch_gather<decltype(element)>(table, cols, ids, num_tokens, out, stream);
@@ -121,9 +141,15 @@ cudaError_t gather_rows(const void* table, DenseWeightType type, int64_t cols, c
 }
 
 cudaError_t dense_linear(const void* weight, DenseWeightType type, int64_t out_features, int64_t in_features,
-                         const float* x, int64_t num_tokens, float* y, cudaStream_t stream) {
+                         const float* x, int64_t num_tokens, float* y, cudaStream_t stream,
+                         const BlockScales& scales) {
+  const bool fp8 = type == DenseWeightType::f8_e4m3;
+  if (fp8 != (scales.scales != nullptr) ||
+      (fp8 && (scales.block_rows < 1 || scales.block_cols < 1 || scales.block_cols % 16 != 0))) {
+    return cudaErrorInvalidValue;
+  }
   with_element_type(type, [&](auto element) {
-    launch<decltype(element)>(weight, out_features, in_features, x, num_tokens, y, stream);
+    launch<decltype(element)>(weight, out_features, in_features, x, num_tokens, y, scales, stream);
   });
   return cudaGetLastError();
 }

@@ -1,5 +1,7 @@
-// Linear layers with plain (f32, f16, bf16) weights on the GPU: y[T, out] = x[T, in] W^T, W row-major [out, in] as
-// stored in the checkpoint, float32 activations and accumulation. One warp per output row; each pass covers up to
+// Linear layers with plain (f32, f16, bf16) or block-fp8 (e4m3 with a float32 scale per block_rows x block_cols
+// block, DeepSeek/GLM's layout) weights on the GPU: y[T, out] = x[T, in] W^T, W row-major [out, in] as stored in the
+// checkpoint, float32 activations and accumulation; fp8 weights are scaled as the CPU backend does (fp8 value times
+// its block's scale, rounded to float32, then multiplied). One warp per output row; each pass covers up to
 // 8 tokens, so the weights are read once per 8 tokens (the decode case). Prefill-sized batches belong on tensor
 // cores (cuBLASLt), which this kernel does not replace.
 #pragma once
@@ -10,13 +12,22 @@
 
 namespace kestrel::cuda {
 
-enum class DenseWeightType { f32, f16, bf16 };
+enum class DenseWeightType { f32, f16, bf16, f8_e4m3 };
 
+// The scale grid of an fp8 weight: scales [ceil(out / block_rows), ceil(in / block_cols)] float32, device memory.
+// block_cols must be a multiple of 16 (a 16-byte vector of weights shares one scale).
+struct BlockScales {
+  const float* scales = nullptr;
+  int64_t block_rows = 0, block_cols = 0;
+};
+
+// cudaErrorInvalidValue for fp8 without a usable scale grid.
 cudaError_t dense_linear(const void* weight, DenseWeightType type, int64_t out_features, int64_t in_features,
-                         const float* x, int64_t num_tokens, float* y, cudaStream_t stream);
+                         const float* x, int64_t num_tokens, float* y, cudaStream_t stream,
+                         const BlockScales& scales = {});
 
 // out[T, cols] = rows ids[T] of table [rows, cols], as float32 (the embedding lookup). ids are device memory and must
-// be in [0, rows): the caller validates them (the model does, before anything runs).
+// be in [0, rows): the caller validates them (the model does, before anything runs). Not for fp8 tables.
 cudaError_t gather_rows(const void* table, DenseWeightType type, int64_t cols, const int32_t* ids, int64_t num_tokens,
                         float* out, cudaStream_t stream);
 

@@ -1,5 +1,7 @@
 #include "backend/cuda/device_linear.h"
 
+#include <vector>
+
 #include "base/error.h"
 
 namespace kestrel::cuda {
@@ -50,12 +52,23 @@ DeviceLinear DeviceLinear::upload(const LinearWeight& weight, int sm_count) {
     case DType::bf16:
       linear.dense_type_ = DenseWeightType::bf16;
       break;
+    case DType::f8_e4m3: {
+      require(weight.block_cols % 16 == 0, "weight '{}': fp8 scale blocks of {} columns (the CUDA kernel needs a "
+              "multiple of 16)", weight.name, weight.block_cols);
+      linear.dense_type_ = DenseWeightType::f8_e4m3;
+      const std::vector<float> scales = block_scales(weight);
+      linear.scales_ = DeviceBuffer::copy_of(scales.data(), scales.size() * sizeof(float));
+      linear.block_rows_ = weight.block_rows;
+      linear.block_cols_ = weight.block_cols;
+      break;
+    }
     default:
-      fail("weight '{}': dtype {} has no CUDA linear kernel yet (f32, f16, bf16 and EXL3 do)", weight.name,
+      fail("weight '{}': dtype {} has no CUDA linear kernel (f32, f16, bf16, block-fp8 and EXL3 do)", weight.name,
            dtype_name(weight.dtype));
   }
-  linear.weight_bytes_ = static_cast<size_t>(weight.out_features * weight.in_features) * dtype_size(weight.dtype);
-  linear.data_ = DeviceBuffer::copy_of(weight.data, linear.weight_bytes_);
+  const auto data_bytes = static_cast<size_t>(weight.out_features * weight.in_features) * dtype_size(weight.dtype);
+  linear.data_ = DeviceBuffer::copy_of(weight.data, data_bytes);
+  linear.weight_bytes_ = data_bytes + linear.scales_.size();
   return linear;
 }
 
@@ -66,7 +79,10 @@ void DeviceLinear::forward(const float* x, int64_t num_tokens, float* y, Scratch
     check(exl3_linear(view_, plan_, x, num_tokens, y, partial, counters_.as<unsigned>(), stream),
           "EXL3 linear launch");
   } else {
-    check(dense_linear(data_.data(), dense_type_, out_features_, in_features_, x, num_tokens, y, stream),
+    const BlockScales scales{.scales = scales_.size() ? scales_.as<float>() : nullptr,
+                             .block_rows = block_rows_,
+                             .block_cols = block_cols_};
+    check(dense_linear(data_.data(), dense_type_, out_features_, in_features_, x, num_tokens, y, stream, scales),
           "dense linear launch");
   }
 }

@@ -1,6 +1,6 @@
 // A checkpoint matrix (LinearWeight) copied to GPU memory in its on-disk format, with the kernel that applies it:
-// the EXL3 trellis GEMV for EXL3 matrices, the dense GEMV for f32/f16/bf16. Block-fp8 is refused with a clear
-// error until its kernel exists.
+// the EXL3 trellis GEMV for EXL3 matrices, the dense GEMV for f32/f16/bf16 and block-fp8 (its scale grid kept as
+// float32).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -49,6 +49,8 @@ private:
   int64_t in_features_ = 0, out_features_ = 0;
   size_t weight_bytes_ = 0;
   DeviceBuffer data_, suh_, svh_;
+  DeviceBuffer scales_;  // block-fp8: the scale grid, float32
+  int64_t block_rows_ = 0, block_cols_ = 0;
   mutable DeviceBuffer counters_;  // the EXL3 kernel's slice counters: written by every call, zero between calls
   bool exl3_ = false;
   Exl3DeviceView view_;
