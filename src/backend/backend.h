@@ -4,6 +4,7 @@
 // [rows, cols]. Weights arrive as LinearWeight (matrices in their on-disk format) or float32 vectors.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string_view>
 #include <vector>
@@ -88,6 +89,11 @@ class Backend {
 public:
   virtual ~Backend() = default;
   virtual std::string_view name() const = 0;
+
+  // Float arrays in the backend's memory, 64-byte aligned, for activations (Workspace); allocation failure throws.
+  virtual float* allocate_floats(size_t count) = 0;
+  virtual void free_floats(float* data) = 0;
+  virtual void fill(float* data, int64_t count, float value) = 0;
 
   // y[T, out] = x[T, in] W^T
   virtual void linear(const float* x, int64_t num_tokens, const LinearWeight& weight, float* y) = 0;

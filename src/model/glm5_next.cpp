@@ -11,14 +11,6 @@
 
 namespace kestrel {
 
-namespace {
-
-using Floats = std::vector<float>;
-
-Floats zeros(int64_t n) { return Floats(static_cast<size_t>(n), 0.0f); }
-
-}  // namespace
-
 std::unique_ptr<Glm5NextModel> Glm5NextModel::load(const std::string& dir, Backend& backend) {
   Checkpoint checkpoint = Checkpoint::open(dir);
   Glm5NextConfig config = load_glm5_next_config(checkpoint.config_path());
@@ -55,74 +47,85 @@ std::vector<float> Glm5NextModel::forward(SequenceState& sequence, std::span<con
                      .sinkhorn_iters = c.hc_sinkhorn_iters};
   const auto eps = static_cast<float>(c.rms_norm_eps);
 
-  Floats x = zeros(T * D);            // [T, D] embeddings, then each sub-block's collapsed input
-  Floats streams = zeros(T * hc * D); // [T, hc, D] the residual streams
-  Floats normed = zeros(T * D), block_out = zeros(T * D);
-  Floats post = zeros(T * hc), comb = zeros(T * hc * hc);
-  backend_.embed(tokens.data(), T, weights_.embed_tokens, x.data());
-  backend_.stream_expand(x.data(), T, hc, D, streams.data());
+  Workspace ws(backend_);
+  float* x = ws.floats(T * D);             // [T, D] embeddings, then each sub-block's collapsed input
+  float* streams = ws.floats(T * hc * D);  // [T, hc, D] the residual streams
+  float* normed = ws.floats(T * D);
+  float* block_out = ws.floats(T * D);
+  float* post = ws.floats(T * hc);
+  float* comb = ws.floats(T * hc * hc);
+  backend_.embed(tokens.data(), T, weights_.embed_tokens, x);
+  backend_.stream_expand(x, T, hc, D, streams);
 
   // The top-k of the last full indexer layer, reused by a following "shared" layer.
   std::vector<std::vector<int64_t>> selection;
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     const LayerWeights& layer = weights_.layers[static_cast<size_t>(i)];
 
-    backend_.mhc_pre(mhc, layer.attn_hc, streams.data(), post.data(), comb.data(), x.data());
-    backend_.rms_norm(x.data(), T, D, layer.input_norm.data(), eps, normed.data());
+    backend_.mhc_pre(mhc, layer.attn_hc, streams, post, comb, x);
+    backend_.rms_norm(x, T, D, layer.input_norm.data(), eps, normed);
     if (layer.type == LayerType::linear_attention) {
-      kda_block(layer.kda, sequence.kda(i), normed.data(), T, block_out.data());
+      kda_block(ws, layer.kda, sequence.kda(i), normed, T, block_out);
     } else {
-      mla_block(layer.mla, sequence.mla(i), start, normed.data(), T, selection, block_out.data());
+      mla_block(ws, layer.mla, sequence.mla(i), start, normed, T, selection, block_out);
     }
-    backend_.mhc_post(mhc, post.data(), comb.data(), block_out.data(), streams.data());
+    backend_.mhc_post(mhc, post, comb, block_out, streams);
 
-    backend_.mhc_pre(mhc, layer.ffn_hc, streams.data(), post.data(), comb.data(), x.data());
-    backend_.rms_norm(x.data(), T, D, layer.post_attention_norm.data(), eps, normed.data());
+    backend_.mhc_pre(mhc, layer.ffn_hc, streams, post, comb, x);
+    backend_.rms_norm(x, T, D, layer.post_attention_norm.data(), eps, normed);
     if (layer.mlp_type == MlpType::dense) {
-      mlp_block(layer.dense, normed.data(), T, block_out.data());
+      mlp_block(ws, layer.dense, normed, T, block_out);
     } else {
-      moe_block(layer.moe, normed.data(), T, block_out.data());
+      moe_block(ws, layer.moe, normed, T, block_out);
     }
-    backend_.mhc_post(mhc, post.data(), comb.data(), block_out.data(), streams.data());
+    backend_.mhc_post(mhc, post, comb, block_out, streams);
   }
   sequence.advance(T);
 
   // Final collapse is a plain mean of the streams, then the norm and the head.
   const int64_t rows = options.all_logits ? T : 1;
-  const float* last_streams = streams.data() + (T - rows) * hc * D;
-  backend_.stream_mean(last_streams, rows, hc, D, x.data());
-  backend_.rms_norm(x.data(), rows, D, weights_.final_norm.data(), eps, normed.data());
-  Floats logits = zeros(rows * c.vocab_size);
-  backend_.linear(normed.data(), rows, weights_.lm_head, logits.data());
+  const float* last_streams = streams + (T - rows) * hc * D;
+  backend_.stream_mean(last_streams, rows, hc, D, x);
+  backend_.rms_norm(x, rows, D, weights_.final_norm.data(), eps, normed);
+  std::vector<float> logits(static_cast<size_t>(rows * c.vocab_size));
+  backend_.linear(normed, rows, weights_.lm_head, logits.data());
   return logits;
 }
 
-void Glm5NextModel::kda_block(const KdaWeights& w, KdaLayerState& state, const float* x, int64_t T, float* out) {
+void Glm5NextModel::kda_block(Workspace& ws, const KdaWeights& w, KdaLayerState& state, const float* x, int64_t T,
+                              float* out) {
   const Glm5NextConfig& c = config_;
   const int64_t H = c.linear_num_heads, Dh = c.linear_head_dim, C = H * Dh, K = c.linear_conv_kernel_dim;
-  Floats q_in = zeros(T * C), k_in = zeros(T * C), v_in = zeros(T * C);
-  Floats q = zeros(T * C), k = zeros(T * C), v = zeros(T * C);
-  backend_.linear(x, T, w.q_proj, q_in.data());
-  backend_.linear(x, T, w.k_proj, k_in.data());
-  backend_.linear(x, T, w.v_proj, v_in.data());
+  const Workspace::Frame frame(ws);
+  float* q_in = ws.floats(T * C);
+  float* k_in = ws.floats(T * C);
+  float* v_in = ws.floats(T * C);
+  float* q = ws.floats(T * C);
+  float* k = ws.floats(T * C);
+  float* v = ws.floats(T * C);
+  backend_.linear(x, T, w.q_proj, q_in);
+  backend_.linear(x, T, w.k_proj, k_in);
+  backend_.linear(x, T, w.v_proj, v_in);
   float* conv_state = state.conv.data();  // [3, K-1, C]
-  backend_.causal_conv_silu(q_in.data(), T, C, K, w.q_conv.data(), conv_state, q.data());
-  backend_.causal_conv_silu(k_in.data(), T, C, K, w.k_conv.data(), conv_state + (K - 1) * C, k.data());
-  backend_.causal_conv_silu(v_in.data(), T, C, K, w.v_conv.data(), conv_state + 2 * (K - 1) * C, v.data());
+  backend_.causal_conv_silu(q_in, T, C, K, w.q_conv.data(), conv_state, q);
+  backend_.causal_conv_silu(k_in, T, C, K, w.k_conv.data(), conv_state + (K - 1) * C, k);
+  backend_.causal_conv_silu(v_in, T, C, K, w.v_conv.data(), conv_state + 2 * (K - 1) * C, v);
 
   // Forget gate g [T, H, Dh] (log-decay per key channel) and write strength beta [T, H].
-  Floats f_low = zeros(T * Dh), f = zeros(T * C), g = zeros(T * C), beta = zeros(T * H);
-  backend_.linear(x, T, w.f_a_proj, f_low.data());
-  backend_.linear(f_low.data(), T, w.f_b_proj, f.data());
+  float* f_low = ws.floats(T * Dh);
+  float* f = ws.floats(T * C);
+  float* g = ws.floats(T * C);
+  float* beta = ws.floats(T * H);
+  backend_.linear(x, T, w.f_a_proj, f_low);
+  backend_.linear(f_low, T, w.f_b_proj, f);
   const float lower_bound = c.linear_lower_bound ? static_cast<float>(*c.linear_lower_bound) : 0.0f;
-  backend_.kda_gate(f.data(), T, H, Dh, w.a_log.data(), w.dt_bias.data(),
-                    c.linear_lower_bound ? &lower_bound : nullptr, g.data());
-  backend_.linear(x, T, w.b_proj, beta.data());
-  backend_.sigmoid(beta.data(), T * H);
+  backend_.kda_gate(f, T, H, Dh, w.a_log.data(), w.dt_bias.data(), c.linear_lower_bound ? &lower_bound : nullptr, g);
+  backend_.linear(x, T, w.b_proj, beta);
+  backend_.sigmoid(beta, T * H);
 
-  Floats attended = zeros(T * C);
-  const KdaArgs args{.num_tokens = T, .num_heads = H, .head_dim = Dh, .q = q.data(), .k = k.data(), .v = v.data(),
-                     .g = g.data(), .beta = beta.data(), .state = state.recurrent.data(), .out = attended.data()};
+  float* attended = ws.floats(T * C);
+  const KdaArgs args{.num_tokens = T, .num_heads = H, .head_dim = Dh, .q = q, .k = k, .v = v, .g = g, .beta = beta,
+                     .state = state.recurrent.data(), .out = attended};
   if (T == 1) {
     backend_.kda_recurrent(args);
   } else {
@@ -130,51 +133,58 @@ void Glm5NextModel::kda_block(const KdaWeights& w, KdaLayerState& state, const f
   }
 
   // Output gate: per-head RMSNorm of the attended values times sigmoid(g_b(g_a(x))), then o_proj.
-  Floats gate_low = zeros(T * Dh), gate = zeros(T * C), gated = zeros(T * C);
-  backend_.linear(x, T, w.g_a_proj, gate_low.data());
-  backend_.linear(gate_low.data(), T, w.g_b_proj, gate.data());
-  backend_.gated_rms_norm(attended.data(), gate.data(), T * H, Dh, w.o_norm.data(), static_cast<float>(c.rms_norm_eps),
-                          gated.data());
-  backend_.linear(gated.data(), T, w.o_proj, out);
+  float* gate_low = ws.floats(T * Dh);
+  float* gate = ws.floats(T * C);
+  float* gated = ws.floats(T * C);
+  backend_.linear(x, T, w.g_a_proj, gate_low);
+  backend_.linear(gate_low, T, w.g_b_proj, gate);
+  backend_.gated_rms_norm(attended, gate, T * H, Dh, w.o_norm.data(), static_cast<float>(c.rms_norm_eps), gated);
+  backend_.linear(gated, T, w.o_proj, out);
 }
 
-void Glm5NextModel::mla_block(const MlaWeights& w, MlaLayerState& state, int64_t start, const float* x, int64_t T,
-                              std::vector<std::vector<int64_t>>& selection, float* out) {
+void Glm5NextModel::mla_block(Workspace& ws, const MlaWeights& w, MlaLayerState& state, int64_t start, const float* x,
+                              int64_t T, std::vector<std::vector<int64_t>>& selection, float* out) {
   const Glm5NextConfig& c = config_;
   const int64_t H = c.num_attention_heads, rank = c.kv_lora_rank;
   const auto eps = static_cast<float>(c.rms_norm_eps);
+  const Workspace::Frame frame(ws);
 
-  Floats q_low = zeros(T * c.q_lora_rank), q_resid = zeros(T * c.q_lora_rank), query = zeros(T * H * c.qk_head_dim);
-  backend_.linear(x, T, w.q_a_proj, q_low.data());
-  backend_.rms_norm(q_low.data(), T, c.q_lora_rank, w.q_a_norm.data(), eps, q_resid.data());
-  backend_.linear(q_resid.data(), T, w.q_b_proj, query.data());
+  float* q_low = ws.floats(T * c.q_lora_rank);
+  float* q_resid = ws.floats(T * c.q_lora_rank);
+  float* query = ws.floats(T * H * c.qk_head_dim);
+  backend_.linear(x, T, w.q_a_proj, q_low);
+  backend_.rms_norm(q_low, T, c.q_lora_rank, w.q_a_norm.data(), eps, q_resid);
+  backend_.linear(q_resid, T, w.q_b_proj, query);
 
   // The cached latent: c = RMSNorm(kv_a_proj x), one row of kv_lora_rank per token.
-  Floats kv_low = zeros(T * rank);
-  backend_.linear(x, T, w.kv_a_proj, kv_low.data());
+  float* kv_low = ws.floats(T * rank);
+  backend_.linear(x, T, w.kv_a_proj, kv_low);
   for (int64_t t = 0; t < T; ++t) {
-    backend_.rms_norm(kv_low.data() + t * rank, 1, rank, w.kv_a_norm.data(), eps, state.latents.append());
+    backend_.rms_norm(kv_low + t * rank, 1, rank, w.kv_a_norm.data(), eps, state.latents.append());
   }
 
   if (w.indexer) {
     const IndexerWeights& ix = *w.indexer;
     const int64_t IH = c.index_n_heads, dim = c.index_head_dim;
-    Floats keys = zeros(T * dim), gates = zeros(T * dim), iq = zeros(T * IH * dim), iw = zeros(T * IH);
-    backend_.linear(x, T, ix.wk, keys.data());
-    backend_.linear(x, T, ix.compress_gate, gates.data());
+    float* keys = ws.floats(T * dim);
+    float* gates = ws.floats(T * dim);
+    float* iq = ws.floats(T * IH * dim);
+    float* iw = ws.floats(T * IH);
+    backend_.linear(x, T, ix.wk, keys);
+    backend_.linear(x, T, ix.compress_gate, gates);
     for (int64_t t = 0; t < T; ++t) {
-      backend_.layer_norm(keys.data() + t * dim, 1, dim, ix.k_norm_weight.data(), ix.k_norm_bias.data(), 1e-6f,
+      backend_.layer_norm(keys + t * dim, 1, dim, ix.k_norm_weight.data(), ix.k_norm_bias.data(), 1e-6f,
                           state.index_keys.append());
-      std::copy_n(gates.data() + t * dim, dim, state.index_gates.append());
+      std::copy_n(gates + t * dim, dim, state.index_gates.append());
     }
     // Pools completed by these tokens are compressed once and kept.
     for (int64_t pool = state.pooled_keys.size(); (pool + 1) * c.index_kpool <= start + T; ++pool) {
       backend_.kpool_compress(state.index_keys, state.index_gates, ix.compress_ape.data(), pool, c.index_kpool,
                               state.pooled_keys.append());
     }
-    backend_.linear(q_resid.data(), T, ix.wq_b, iq.data());
-    backend_.linear(x, T, ix.weights_proj, iw.data());
-    backend_.scale(iw.data(), T * IH, 1.0f / std::sqrt(static_cast<float>(IH)));
+    backend_.linear(q_resid, T, ix.wq_b, iq);
+    backend_.linear(x, T, ix.weights_proj, iw);
+    backend_.scale(iw, T * IH, 1.0f / std::sqrt(static_cast<float>(IH)));
     const IndexerArgs args{.num_tokens = T,
                            .start = start,
                            .num_heads = IH,
@@ -182,44 +192,49 @@ void Glm5NextModel::mla_block(const MlaWeights& w, MlaLayerState& state, int64_t
                            .kpool = c.index_kpool,
                            .topk_pools = c.index_topk / c.index_kpool,
                            .select_tail = c.index_kpool_always_select_tail && c.index_kpool > 1,
-                           .query = iq.data(),
-                           .weights = iw.data(),
+                           .query = iq,
+                           .weights = iw,
                            .pooled_keys = &state.pooled_keys};
     backend_.indexer_select(args, selection);
   }
 
   // A shared layer reuses the selection of the full layer before it (config validation guarantees there is one).
   require(static_cast<int64_t>(selection.size()) == T, "DSA layer has no token selection for {} tokens", T);
-  Floats attended = zeros(T * H * c.v_head_dim);
+  float* attended = ws.floats(T * H * c.v_head_dim);
   backend_.sparse_mla_attention(SparseMlaArgs{.num_tokens = T,
                                               .num_heads = H,
                                               .qk_head_dim = c.qk_head_dim,
                                               .v_head_dim = c.v_head_dim,
                                               .kv_lora_rank = rank,
                                               .scale = 1.0f / std::sqrt(static_cast<float>(c.qk_head_dim)),
-                                              .query = query.data(),
+                                              .query = query,
                                               .kv_b = &w.kv_b_proj,
                                               .latents = &state.latents,
                                               .selected = &selection,
-                                              .out = attended.data()});
-  backend_.linear(attended.data(), T, w.o_proj, out);
+                                              .out = attended});
+  backend_.linear(attended, T, w.o_proj, out);
 }
 
-void Glm5NextModel::mlp_block(const MlpWeights& w, const float* x, int64_t T, float* out) {
+void Glm5NextModel::mlp_block(Workspace& ws, const MlpWeights& w, const float* x, int64_t T, float* out) {
   const int64_t I = w.gate_proj.out_features;
-  Floats gate = zeros(T * I), up = zeros(T * I), hidden = zeros(T * I);
-  backend_.linear(x, T, w.gate_proj, gate.data());
-  backend_.linear(x, T, w.up_proj, up.data());
-  backend_.clamped_swiglu(gate.data(), up.data(), T, I, static_cast<float>(config_.swiglu_limit), hidden.data());
-  backend_.linear(hidden.data(), T, w.down_proj, out);
+  const Workspace::Frame frame(ws);
+  float* gate = ws.floats(T * I);
+  float* up = ws.floats(T * I);
+  float* hidden = ws.floats(T * I);
+  backend_.linear(x, T, w.gate_proj, gate);
+  backend_.linear(x, T, w.up_proj, up);
+  backend_.clamped_swiglu(gate, up, T, I, static_cast<float>(config_.swiglu_limit), hidden);
+  backend_.linear(hidden, T, w.down_proj, out);
 }
 
-void Glm5NextModel::moe_block(const MoeWeights& w, const float* x, int64_t T, float* out) {
+void Glm5NextModel::moe_block(Workspace& ws, const MoeWeights& w, const float* x, int64_t T, float* out) {
   const Glm5NextConfig& c = config_;
   const int64_t E = c.n_routed_experts, k = c.num_experts_per_tok, D = c.hidden_size;
-  Floats router_logits = zeros(T * E), expert_weights = zeros(T * k);
-  std::vector<int32_t> expert_ids(static_cast<size_t>(T * k));
-  backend_.linear(x, T, w.router, router_logits.data());
+  const Workspace::Frame frame(ws);
+  float* router_logits = ws.floats(T * E);
+  float* expert_weights = ws.floats(T * k);
+  int32_t* expert_ids = ws.int32s(T * k);
+  backend_.linear(x, T, w.router, router_logits);
   backend_.route_experts(RouterArgs{.num_tokens = T,
                                     .num_experts = E,
                                     .top_k = k,
@@ -227,10 +242,10 @@ void Glm5NextModel::moe_block(const MoeWeights& w, const float* x, int64_t T, fl
                                     .topk_group = c.topk_group,
                                     .norm_topk_prob = c.norm_topk_prob,
                                     .routed_scaling_factor = static_cast<float>(c.routed_scaling_factor),
-                                    .logits = router_logits.data(),
+                                    .logits = router_logits,
                                     .correction_bias = &w.correction_bias,
-                                    .expert_ids = expert_ids.data(),
-                                    .expert_weights = expert_weights.data()});
+                                    .expert_ids = expert_ids,
+                                    .expert_weights = expert_weights});
   backend_.moe_experts(MoeArgs{.num_tokens = T,
                                .hidden = D,
                                .intermediate = c.moe_intermediate_size,
@@ -238,20 +253,20 @@ void Glm5NextModel::moe_block(const MoeWeights& w, const float* x, int64_t T, fl
                                .swiglu_limit = static_cast<float>(c.swiglu_limit),
                                .x = x,
                                .experts = &w.experts,
-                               .expert_ids = expert_ids.data(),
-                               .expert_weights = expert_weights.data(),
+                               .expert_ids = expert_ids,
+                               .expert_weights = expert_weights,
                                .out = out});
-  if (observer_ != nullptr) observe_experts(w, x, T, expert_ids.data());
-  Floats shared = zeros(T * D);
-  mlp_block(w.shared, x, T, shared.data());
-  backend_.add(shared.data(), T * D, out);
+  if (observer_ != nullptr) observe_experts(w, x, T, expert_ids);
+  float* shared = ws.floats(T * D);
+  mlp_block(ws, w.shared, x, T, shared);
+  backend_.add(shared, T * D, out);
 }
 
 void Glm5NextModel::observe_experts(const MoeWeights& w, const float* x, int64_t T, const int32_t* expert_ids) {
   const int64_t D = config_.hidden_size, top_k = config_.num_experts_per_tok;
   for (size_t e = 0; e < w.experts.size(); ++e) {
     const ExpertWeights& expert = w.experts[e];
-    Floats rows;
+    std::vector<float> rows;
     for (int64_t t = 0; t < T; ++t) {
       for (int64_t j = 0; j < top_k; ++j) {
         if (expert_ids[t * top_k + j] == static_cast<int32_t>(e)) rows.insert(rows.end(), x + t * D, x + (t + 1) * D);
@@ -266,7 +281,7 @@ void Glm5NextModel::observe_experts(const MoeWeights& w, const float* x, int64_t
     observer_->observe(module(expert.gate), rows.data(), n, D);
     observer_->observe(module(expert.up), rows.data(), n, D);
     const int64_t I = expert.gate.out_features;
-    Floats gate = zeros(n * I), up = zeros(n * I), hidden = zeros(n * I);
+    std::vector<float> gate(static_cast<size_t>(n * I)), up(gate.size()), hidden(gate.size());
     backend_.linear(rows.data(), n, expert.gate, gate.data());
     backend_.linear(rows.data(), n, expert.up, up.data());
     backend_.clamped_swiglu(gate.data(), up.data(), n, I, static_cast<float>(config_.swiglu_limit), hidden.data());

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/workspace.h"
 #include "formats/checkpoint.h"
 #include "formats/glm5_next_config.h"
 #include "model/glm5_next_weights.h"
@@ -55,12 +56,13 @@ public:
 private:
   Glm5NextModel(Glm5NextConfig config, Checkpoint checkpoint, Backend& backend);
 
-  // Each block reads the normalised sub-block input x [T, hidden] and writes its output [T, hidden].
-  void kda_block(const KdaWeights& w, KdaLayerState& state, const float* x, int64_t T, float* out);
-  void mla_block(const MlaWeights& w, MlaLayerState& state, int64_t start, const float* x, int64_t T,
+  // Each block reads the normalised sub-block input x [T, hidden] and writes its output [T, hidden]; its temporaries
+  // come from the forward's workspace and go back to it when the block returns.
+  void kda_block(Workspace& ws, const KdaWeights& w, KdaLayerState& state, const float* x, int64_t T, float* out);
+  void mla_block(Workspace& ws, const MlaWeights& w, MlaLayerState& state, int64_t start, const float* x, int64_t T,
                  std::vector<std::vector<int64_t>>& selection, float* out);
-  void mlp_block(const MlpWeights& w, const float* x, int64_t T, float* out);
-  void moe_block(const MoeWeights& w, const float* x, int64_t T, float* out);
+  void mlp_block(Workspace& ws, const MlpWeights& w, const float* x, int64_t T, float* out);
+  void moe_block(Workspace& ws, const MoeWeights& w, const float* x, int64_t T, float* out);
   // Recomputes each routed expert's inputs for the observer (outside the backend's fused expert op).
   void observe_experts(const MoeWeights& w, const float* x, int64_t T, const int32_t* expert_ids);
 

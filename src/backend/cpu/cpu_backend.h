@@ -1,5 +1,6 @@
 // The CPU backend: the reference implementation of every op, float32 throughout, multi-threaded with the global
-// ThreadPool. Each op family lives in its own file (linear.cpp, norm.cpp, mhc.cpp, kda.cpp, dsa.cpp, moe.cpp).
+// ThreadPool. Each op family lives in its own file (memory.cpp, linear.cpp, norm.cpp, mhc.cpp, kda.cpp, dsa.cpp,
+// moe.cpp).
 // Numeric policy: float32 storage and arithmetic as in transformers' float32 path; reductions of one output element
 // run in a fixed order inside one thread, so results do not depend on the thread count.
 #pragma once
@@ -11,6 +12,10 @@ namespace kestrel {
 class CpuBackend final : public Backend {
 public:
   std::string_view name() const override { return "cpu"; }
+
+  float* allocate_floats(size_t count) override;
+  void free_floats(float* data) override;
+  void fill(float* data, int64_t count, float value) override;
 
   void linear(const float* x, int64_t num_tokens, const LinearWeight& weight, float* y) override;
   void embed(const int32_t* ids, int64_t num_tokens, const LinearWeight& table, float* out) override;
