@@ -1,7 +1,8 @@
 // The activations of one forward call, in the backend's memory: a stack of float arrays. A block of the forward opens
 // a Frame, takes the arrays it needs, and gives all of them back when the frame closes, so the memory held is the
-// deepest the stack gets, not the sum of every array; and the same sequence of requests gets the same addresses,
-// which CUDA graph replays need. Arrays are uninitialised: every op writes its whole output (debug builds fill new
+// deepest the stack gets, not the sum of every array; and within one workspace the same sequence of requests gets
+// the same addresses, which CUDA graph replays need (the forward makes one workspace per call today; keeping one per
+// sequence slot across decode steps comes with the graphs). Arrays are uninitialised: every op writes its whole output (debug builds fill new
 // arrays with NaN, so that a read before a write shows in the results).
 #pragma once
 
