@@ -11,6 +11,7 @@
 #include <numeric>
 #include <vector>
 
+#include "backend/cpu/cpu_backend.h"
 #include "engine/scheduler.h"
 #include "formats/glm5_next_config.h"
 
@@ -27,17 +28,19 @@ struct Harness {
   Glm5NextConfig model = parse_glm5_next_config(R"({"model_type": "glm5_next", "q_lora_rank": 1536,
                                                     "linear_attn_config": {"num_heads": 2, "head_dim": 16}})",
                                                 "bench");
+  CpuBackend backend;
   CacheManager cache;
   Scheduler scheduler;
   std::shared_ptr<NullSink> sink = std::make_shared<NullSink>();
   uint64_t next_id = 1;
 
   explicit Harness(bool prefix_caching)
-      : cache(model, CacheConfig{.block_size = 16,
-                                 .num_blocks = kSequences * 256,
-                                 .num_slots = kSequences,
-                                 .num_kda_snapshots = 2 * kSequences,
-                                 .enable_prefix_caching = prefix_caching}),
+      : cache(model, backend,
+              CacheConfig{.block_size = 16,
+                          .num_blocks = kSequences * 256,
+                          .num_slots = kSequences,
+                          .num_kda_snapshots = 2 * kSequences,
+                          .enable_prefix_caching = prefix_caching}),
         scheduler(SchedulerConfig{.max_num_seqs = kSequences,
                                   .max_num_batched_tokens = 8192,
                                   .max_model_len = 4096,

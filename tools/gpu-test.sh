@@ -11,6 +11,7 @@ if [ ! -x "$tests" ] || [ ! -x "$bench" ]; then
   scripts/build.sh release kestrel_cuda_tests kestrel_cuda_bench || exit 1
   tests=build/tests/kestrel_cuda_tests bench=build/kestrel_cuda_bench
 fi
+export KESTREL_TEST_DATA="${KESTREL_TEST_DATA:-$PWD/tests/data}"  # the golden fixtures, wherever the binary was built
 sanitizer="$(command -v compute-sanitizer || echo "${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer")"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || exit 1
 

@@ -1,14 +1,18 @@
-// The operations a model forward is written against. One backend per device kind implements all of them
-// (cpu/ now; cuda/ later) so that src/model reads the same whatever runs it. Activations are float32 arrays in the
-// backend's memory, laid out row-major with the token index outermost; shapes are given in the comments as
-// [rows, cols]. Weights arrive as LinearWeight (matrices in their on-disk format) or float32 vectors.
+// The operations a model forward is written against. One backend per device kind implements all of them (cpu/,
+// cuda/) so that src/model reads the same whatever runs it. Every pointer an op takes is in the backend's memory
+// (device memory for CUDA), except where a comment says host: activations are float32 arrays laid out row-major with
+// the token index outermost, shapes given as [rows, cols]; int32 arrays hold token ids, expert ids and selected
+// positions. Weights arrive as LinearWeight (matrices in their on-disk format) and WeightVector, which the backend
+// placed in its memory at load (place_*), and the caches as PagedRows over RowBlockPools in its memory.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string_view>
 #include <vector>
 
+#include "backend/dsa_selection.h"
 #include "backend/linear_weight.h"
 #include "engine/paged_rows.h"
 
@@ -17,8 +21,8 @@ namespace kestrel {
 // mHC (manifold-constrained hyper-connections) parameters of one sub-block site.
 struct MhcWeights {
   LinearWeight fn;            // [(2 + hc) * hc, hc * hidden]
-  std::vector<float> base;    // [(2 + hc) * hc]
-  std::vector<float> scale;   // [3]
+  WeightVector base;          // [(2 + hc) * hc]
+  WeightVector scale;         // [3]
 };
 
 struct MhcShape {
@@ -47,16 +51,24 @@ struct IndexerArgs {
   const float* query;    // [T, heads, head_dim] indexer queries (wq_b of q_resid)
   const float* weights;  // [T, heads] per-head weights, already scaled by heads^-1/2
   const PagedRows* pooled_keys;  // one row per complete pool of the whole sequence, [pools, head_dim]
+  // Out: per new token, the attended positions in ascending order, then -1 up to positions_stride
+  // (indexer_max_positions); counts[t] of them.
+  int32_t* positions = nullptr;  // [T, positions_stride]
+  int32_t* counts = nullptr;     // [T]
+  int64_t positions_stride = 0;
 };
+
 
 // Sparse NoPE MLA attention for T new tokens, computed in the absorbed form over the cached latents.
 struct SparseMlaArgs {
   int64_t num_tokens, num_heads, qk_head_dim, v_head_dim, kv_lora_rank;
   float scale;
   const float* query;                 // [T, heads, qk_head_dim]
-  const LinearWeight* kv_b;           // [heads * (qk_head_dim + v_head_dim), kv_lora_rank]
+  const LinearWeight* kv_b;           // [heads * (qk_head_dim + v_head_dim), kv_lora_rank], place_attention_kv_b'd
   const PagedRows* latents;           // [positions, kv_lora_rank]
-  const std::vector<std::vector<int64_t>>* selected;  // per new token, the attended positions (ascending)
+  const int32_t* positions;           // [T, positions_stride]: each token's attended positions, as indexer_select
+  const int32_t* counts;              // [T]
+  int64_t positions_stride;
   float* out;                         // [T, heads, v_head_dim]
 };
 
@@ -65,7 +77,7 @@ struct RouterArgs {
   bool norm_topk_prob;
   float routed_scaling_factor;
   const float* logits;                // [T, experts] router logits
-  const std::vector<float>* correction_bias;  // [experts]
+  const float* correction_bias;       // [experts]
   int32_t* expert_ids;                // [T, top_k]
   float* expert_weights;              // [T, top_k]
 };
@@ -80,6 +92,7 @@ struct MoeArgs {
   float swiglu_limit;
   const float* x;                            // [T, hidden]
   const std::vector<ExpertWeights>* experts;
+  const PlacedWeight* placed_experts = nullptr;  // what place_experts returned for them (null on the CPU)
   const int32_t* expert_ids;                 // [T, top_k]
   const float* expert_weights;               // [T, top_k]
   float* out;                                // [T, hidden], overwritten
@@ -90,14 +103,31 @@ public:
   virtual ~Backend() = default;
   virtual std::string_view name() const = 0;
 
-  // Float arrays in the backend's memory, 64-byte aligned, for activations (Workspace); allocation failure throws.
+  // Float arrays in the backend's memory, 64-byte aligned (activations, caches, states); allocation failure throws.
   virtual float* allocate_floats(size_t count) = 0;
   virtual void free_floats(float* data) = 0;
   virtual void fill(float* data, int64_t count, float value) = 0;
+  // Copies between host memory and the backend's memory, and within the backend's memory; to_host returns when the
+  // bytes are there (after every op queued before it).
+  virtual void copy_to_backend(void* dst, const void* host, size_t bytes) = 0;
+  virtual void copy_to_host(void* host, const void* src, size_t bytes) = 0;
+  virtual void copy(void* dst, const void* src, size_t bytes) = 0;
+  // Whether forwards of different sequences may run at once on different threads (the CPU's ops are stateless; a
+  // GPU backend queues everything on one stream and takes one forward at a time).
+  virtual bool concurrent_forwards() const = 0;
+
+  // Weights into the backend's memory, once at load, before any op uses them. A LinearWeight used by linear() or
+  // embed() and a WeightVector get `placed` set (or nothing, when the backend reads the host copy as it is);
+  // kv_b is placed for sparse_mla_attention; the returned experts go into MoeArgs::placed_experts.
+  virtual void place(LinearWeight& weight) = 0;
+  virtual void place(WeightVector& vector) = 0;
+  virtual void place_attention_kv_b(LinearWeight& kv_b, int64_t num_heads, int64_t qk_head_dim,
+                                    int64_t v_head_dim) = 0;
+  virtual std::shared_ptr<const PlacedWeight> place_experts(const std::vector<ExpertWeights>& experts) = 0;
 
   // y[T, out] = x[T, in] W^T
   virtual void linear(const float* x, int64_t num_tokens, const LinearWeight& weight, float* y) = 0;
-  // out[T, hidden] = rows `ids` of the embedding table
+  // out[T, hidden] = rows `ids` of the embedding table (ids in [0, rows), checked by the caller)
   virtual void embed(const int32_t* ids, int64_t num_tokens, const LinearWeight& table, float* out) = 0;
   // y = x / sqrt(mean(x^2) + eps) * weight (weight may be null: unweighted), over rows of width n
   virtual void rms_norm(const float* x, int64_t rows, int64_t n, const float* weight, float eps, float* y) = 0;
@@ -122,7 +152,7 @@ public:
   virtual void kda_recurrent(const KdaArgs& args) = 0;
 
   // DSA indexer selection: for each new token, the positions it attends to (ascending).
-  virtual void indexer_select(const IndexerArgs& args, std::vector<std::vector<int64_t>>& selected) = 0;
+  virtual void indexer_select(const IndexerArgs& args) = 0;
   virtual void sparse_mla_attention(const SparseMlaArgs& args) = 0;
 
   // Pooled indexer key of pool `pool`: per channel, softmax over the pool's slots of (gate + ape) weighting the keys.
@@ -133,7 +163,7 @@ public:
   // out[T, hidden] = sum over each token's experts of weight * down(clamped_swiglu(gate x, up x)).
   virtual void moe_experts(const MoeArgs& args) = 0;
   // KDA forget gate, per head h and channel: g = lower_bound * sigmoid(exp(A_log[h]) * (f + dt_bias)) when a lower
-  // bound is set, else -exp(A_log[h]) * softplus(f + dt_bias). f and g are [T, heads, head_dim].
+  // bound (a host pointer) is set, else -exp(A_log[h]) * softplus(f + dt_bias). f and g are [T, heads, head_dim].
   virtual void kda_gate(const float* f, int64_t num_tokens, int64_t num_heads, int64_t head_dim, const float* a_log,
                         const float* dt_bias, const float* lower_bound, float* g) = 0;
   // y = rms_norm(x; weight, eps) * sigmoid(gate) over rows of width n.

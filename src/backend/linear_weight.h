@@ -6,8 +6,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "formats/dtype.h"
@@ -28,6 +30,13 @@ struct Exl3Matrix {
   int64_t in_padded = 0, out_padded = 0;  // in_features, out_features rounded up to a multiple of 128
 };
 
+// A backend's own form of a weight (a copy in device memory, a re-laid-out matrix), made once at load by
+// Backend::place_*; the backend that made it is the only one that reads it.
+class PlacedWeight {
+public:
+  virtual ~PlacedWeight() = default;
+};
+
 struct LinearWeight {
   std::string name;  // checkpoint name, for messages
   DType dtype = DType::f32;
@@ -45,7 +54,23 @@ struct LinearWeight {
   // EXL3 only: set for an EXL3 matrix, which then has dtype I16 and `data` == exl3->trellis.
   std::optional<Exl3Matrix> exl3 = std::nullopt;
 
+  // The backend's form of this matrix for the op that uses it, when the backend keeps one (null on the CPU).
+  std::shared_ptr<const PlacedWeight> placed = nullptr;
+
   bool valid() const { return data != nullptr; }
+};
+
+// A small float32 weight (norm weights, biases, convolution taps), converted at load. The values stay on the host; a
+// backend with memory of its own keeps a copy there, which data() then returns.
+struct WeightVector {
+  WeightVector() = default;
+  WeightVector(std::vector<float> host) : values(std::move(host)) {}  // NOLINT(google-explicit-constructor)
+
+  std::vector<float> values;
+  std::shared_ptr<const float> placed = nullptr;
+
+  const float* data() const { return placed ? placed.get() : values.data(); }
+  size_t size() const { return values.size(); }
 };
 
 // Writes row `row` of W, dequantised to float32, into out[in_features]. EXL3 rows are slow (a k x 128 slice is

@@ -17,29 +17,24 @@ size_t aligned(size_t count) { return (count + kAlignFloats - 1) / kAlignFloats 
 
 }  // namespace
 
-Workspace::~Workspace() {
-  for (const Chunk& chunk : chunks_) backend_.free_floats(chunk.data);
-}
-
 float* Workspace::floats(int64_t count) {
   require(count >= 0, "workspace request for {} floats", count);
   const size_t size = aligned(static_cast<size_t>(count));
   // Move on to the next chunk until one has room; a kept chunk too small for the request is replaced.
-  while (chunks_.empty() || chunks_[current_].used + size > chunks_[current_].capacity) {
+  while (chunks_.empty() || chunks_[current_].used + size > chunks_[current_].array.size()) {
     const size_t next = chunks_.empty() ? 0 : current_ + 1;
-    if (next < chunks_.size() && chunks_[next].capacity < size) {
-      backend_.free_floats(chunks_[next].data);
+    if (next < chunks_.size() && chunks_[next].array.size() < size) {
       chunks_.erase(chunks_.begin() + static_cast<std::ptrdiff_t>(next));
     }
     if (next == chunks_.size()) {
-      const size_t previous = chunks_.empty() ? 0 : chunks_.back().capacity;
+      const size_t previous = chunks_.empty() ? 0 : chunks_.back().array.size();
       const size_t capacity = std::max({size, 2 * previous, kMinChunkFloats});
-      chunks_.push_back(Chunk{.data = backend_.allocate_floats(capacity), .capacity = capacity, .used = 0});
+      chunks_.push_back(Chunk{.array = BackendArray(backend_, capacity), .used = 0});
     }
     current_ = next;
   }
   Chunk& chunk = chunks_[current_];
-  float* out = chunk.data + chunk.used;
+  float* out = chunk.array.data() + chunk.used;
   chunk.used += size;
 #ifndef NDEBUG
   backend_.fill(out, count, std::numeric_limits<float>::quiet_NaN());
@@ -55,7 +50,7 @@ void Workspace::rewind(size_t chunk, size_t used) {
 
 size_t Workspace::capacity() const {
   size_t total = 0;
-  for (const Chunk& chunk : chunks_) total += chunk.capacity;
+  for (const Chunk& chunk : chunks_) total += chunk.array.size();
   return total;
 }
 

@@ -10,6 +10,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "backend/backend_array.h"
+
 namespace kestrel {
 
 class Backend;
@@ -17,7 +19,6 @@ class Backend;
 class Workspace {
 public:
   explicit Workspace(Backend& backend) : backend_(backend) {}
-  ~Workspace();
   Workspace(const Workspace&) = delete;
   Workspace& operator=(const Workspace&) = delete;
 
@@ -45,8 +46,8 @@ public:
 
 private:
   struct Chunk {
-    float* data = nullptr;
-    size_t capacity = 0, used = 0;
+    BackendArray array;
+    size_t used = 0;
   };
 
   size_t used_in_current() const { return chunks_.empty() ? 0 : chunks_[current_].used; }

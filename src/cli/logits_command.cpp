@@ -3,10 +3,10 @@
 #include <memory>
 #include <optional>
 
-#include "backend/cpu/cpu_backend.h"
 #include "base/error.h"
 #include "base/npy.h"
 #include "cli/commands.h"
+#include "cli/device_option.h"
 #include "cli/token_list.h"
 #include "model/glm5_next.h"
 
@@ -14,7 +14,7 @@ namespace kestrel::cli {
 
 Action add_logits_command(CLI::App& app) {
   struct Options {
-    std::string model, tokens, out;
+    std::string model, tokens, out, device = "auto";
     std::optional<int64_t> prefill;
   };
   auto options = std::make_shared<Options>();
@@ -24,6 +24,7 @@ Action add_logits_command(CLI::App& app) {
   cmd->add_option("--prefill", options->prefill,
                   "Forward the first N tokens at once, then the rest one at a time (default: all at once)");
   cmd->add_option("--out", options->out, "Output .npy file")->required();
+  add_device_option(cmd, options->device);
   return [cmd, options]() -> int {
     if (!cmd->parsed()) return -1;
     const std::vector<int32_t> tokens = parse_token_list(options->tokens);
@@ -31,8 +32,8 @@ Action add_logits_command(CLI::App& app) {
     const int64_t prefill = options->prefill.value_or(T);
     require(prefill >= 1 && prefill <= T, "--prefill {} must be between 1 and the number of tokens ({})", prefill, T);
 
-    CpuBackend backend;
-    const auto model = Glm5NextModel::load(options->model, backend);
+    const auto backend = make_backend(options->device);
+    const auto model = Glm5NextModel::load(options->model, *backend);
     const auto sequence = model->new_sequence();
     const int64_t vocab = model->config().vocab_size;
     std::vector<float> logits = model->forward(*sequence, std::span(tokens).first(static_cast<size_t>(prefill)));

@@ -19,10 +19,10 @@
 #include <string>
 #include <vector>
 
-#include "backend/cpu/cpu_backend.h"
 #include "base/error.h"
 #include "base/log.h"
 #include "cli/commands.h"
+#include "cli/device_option.h"
 #include "cli/token_list.h"
 #include "engine/engine.h"
 #include "text/chat_template.h"
@@ -34,7 +34,7 @@ namespace kestrel::cli {
 namespace {
 
 struct RunOptions {
-  std::string model;
+  std::string model, device = "auto";
   std::optional<std::string> tokens, prompt, chat_template;
   bool raw = false;
   int64_t max_tokens = 256;
@@ -163,6 +163,7 @@ Action add_run_command(CLI::App& app) {
   cmd->add_option("--chat-template", options->chat_template, "Jinja template file to use instead of the model's");
   cmd->add_option("-n,--max-tokens", options->max_tokens, "Tokens to generate per answer")->capture_default_str();
   cmd->add_option("--max-model-len", options->max_model_len, "Context length (0: the model's)")->capture_default_str();
+  add_device_option(cmd, options->device);
   cmd->add_option("--temperature", s.temperature, "Sampling temperature (0: greedy)")->capture_default_str();
   cmd->add_option("--top-p", s.top_p, "Nucleus sampling mass")->capture_default_str();
   cmd->add_option("--top-k", s.top_k, "Keep the k most likely tokens (0: all)")->capture_default_str();
@@ -175,8 +176,8 @@ Action add_run_command(CLI::App& app) {
     require(options->max_tokens >= 0, "--max-tokens must not be negative");
     options->sampling.max_tokens = std::max<int64_t>(options->max_tokens, 1);
 
-    CpuBackend backend;
-    const auto model = Glm5NextModel::load(options->model, backend);
+    const auto backend = make_backend(options->device);
+    const auto model = Glm5NextModel::load(options->model, *backend);
     // One sequence at a time; the prefix cache lets each chat turn reuse the conversation's earlier blocks.
     Engine engine(std::make_unique<EngineCore>(
         *model, EngineConfig{.max_model_len = options->max_model_len,

@@ -11,10 +11,10 @@
 #include <optional>
 #include <thread>
 
-#include "backend/cpu/cpu_backend.h"
 #include "base/error.h"
 #include "base/log.h"
 #include "cli/commands.h"
+#include "cli/device_option.h"
 #include "engine/engine.h"
 #include "model/glm5_next.h"
 #include "server/http_server.h"
@@ -27,7 +27,7 @@ namespace kestrel::cli {
 Action add_serve_command(CLI::App& app) {
   struct Options {
     std::string model, served_model_name, host = "0.0.0.0", api_key, tool_call_parser, reasoning_parser;
-    std::string chat_template, kv_cache_dtype = "auto";
+    std::string chat_template, kv_cache_dtype = "auto", device = "auto";
     int port = 8888;
     int64_t max_model_len = 0, max_num_seqs = 16, max_num_batched_tokens = 2048;
     bool enable_prefix_caching = true, enable_auto_tool_choice = false;
@@ -40,6 +40,7 @@ Action add_serve_command(CLI::App& app) {
   cmd->add_option("--model", o->model, "Checkpoint directory (config.json, safetensors, tokenizer.json)")->required();
   cmd->add_option("--served-model-name", o->served_model_name, "Model name in the API (default: --model)");
   cmd->add_option("--host", o->host, "Address to listen on")->capture_default_str();
+  add_device_option(cmd, o->device);
   cmd->add_option("--port", o->port, "Port to listen on (0: any free port)")->capture_default_str()->check(CLI::Range(0, 65535));
   cmd->add_option("--max-model-len", o->max_model_len, "Prompt + output tokens per request (0: the model's)")
       ->capture_default_str();
@@ -61,7 +62,7 @@ Action add_serve_command(CLI::App& app) {
   cmd->add_option("--http-threads", o->http_threads, "HTTP event-loop threads")->capture_default_str();
   return [cmd, o]() -> int {
     if (!cmd->parsed()) return -1;
-    require(o->kv_cache_dtype == "auto", "--kv-cache-dtype {} is not supported by the CPU backend (use auto)",
+    require(o->kv_cache_dtype == "auto", "--kv-cache-dtype {} is not supported yet (use auto)",
             o->kv_cache_dtype);
     require(o->tool_call_parser.empty() || o->tool_call_parser == "glm47",
             "--tool-call-parser {} is not supported (glm47 is)", o->tool_call_parser);
@@ -85,8 +86,8 @@ Action add_serve_command(CLI::App& app) {
     const auto tokenizer = text::Tokenizer::load(dir / "tokenizer.json");
     const ChatTemplate chat_template =
         ChatTemplate::load(dir, o->chat_template.empty() ? std::nullopt : std::optional<std::filesystem::path>(o->chat_template));
-    CpuBackend backend;
-    const auto model = Glm5NextModel::load(o->model, backend);
+    const auto backend = make_backend(o->device);
+    const auto model = Glm5NextModel::load(o->model, *backend);
     EngineConfig config;
     config.max_model_len = o->max_model_len;
     config.max_num_seqs = o->max_num_seqs;

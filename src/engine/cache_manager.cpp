@@ -6,11 +6,11 @@
 
 namespace kestrel {
 
-CacheManager::CacheManager(const Glm5NextConfig& model, const CacheConfig& config)
+CacheManager::CacheManager(const Glm5NextConfig& model, Backend& backend, const CacheConfig& config)
     : model_(model),
       config_(config),
       blocks_(config.num_blocks, config.block_size),
-      pools_(model_, config.block_size, blocks_, config.num_blocks),
+      pools_(model_, backend, config.block_size, blocks_, config.num_blocks),
       slots_(static_cast<size_t>(config.num_slots)),
       kda_state_size_(SequenceState::kda_state_size(model)),
       snapshots_(kda_state_size_ > 0 ? config.num_kda_snapshots : 0, kda_state_size_),

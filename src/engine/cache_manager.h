@@ -54,7 +54,8 @@ struct CacheStats {
 
 class CacheManager {
 public:
-  CacheManager(const Glm5NextConfig& model, const CacheConfig& config);
+  // The cache pools and sequence states live in `backend`'s memory.
+  CacheManager(const Glm5NextConfig& model, Backend& backend, const CacheConfig& config);
 
   int64_t block_size() const { return config_.block_size; }
   int64_t num_free_slots() const { return static_cast<int64_t>(free_slots_.size()); }

@@ -10,16 +10,18 @@
 namespace kestrel {
 
 EngineCore::EngineCore(Glm5NextModel& model, const EngineConfig& config)
-    : EngineCore(model.config(),
+    : EngineCore(model.config(), model.backend(),
                  [&model](SequenceState& sequence, std::span<const int32_t> tokens) {
                    return model.forward(sequence, tokens, ForwardOptions{.all_logits = false});
                  },
                  config) {}
 
-EngineCore::EngineCore(const Glm5NextConfig& model, ModelRunner::Forward forward, const EngineConfig& config)
+EngineCore::EngineCore(const Glm5NextConfig& model, Backend& backend, ModelRunner::Forward forward,
+                       const EngineConfig& config)
     : model_(model),
       config_(resolve_engine_config(config, model)),
-      cache_(model_, CacheConfig{.block_size = config_.block_size,
+      cache_(model_, backend,
+             CacheConfig{.block_size = config_.block_size,
                                  .num_blocks = config_.num_blocks,
                                  .num_slots = config_.max_num_seqs,
                                  .num_kda_snapshots = config_.num_kda_snapshots,
@@ -30,7 +32,7 @@ EngineCore::EngineCore(const Glm5NextConfig& model, ModelRunner::Forward forward
                                  .wait_for_shared_prompt = config_.enable_prefix_caching,
                                  .eos_token_ids = config_.eos_token_ids},
                  cache_),
-      runner_(std::move(forward), config_.block_size, config_.parallel_sequences) {
+      runner_(std::move(forward), config_.block_size, config_.parallel_sequences && backend.concurrent_forwards()) {
   log_info("engine: max_model_len {}, max_num_seqs {}, max_num_batched_tokens {}, {} blocks of {} tokens, prefix "
            "caching {}, {} KDA snapshots of {:.1f} MiB",
            config_.max_model_len, config_.max_num_seqs, config_.max_num_batched_tokens, config_.num_blocks,

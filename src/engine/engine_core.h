@@ -30,8 +30,8 @@ class EngineCore {
 public:
   // Serves `model` (which must outlive the core) with `config` resolved against it.
   EngineCore(Glm5NextModel& model, const EngineConfig& config);
-  // Any forward with the layout of `model` (benchmarks run a stub).
-  EngineCore(const Glm5NextConfig& model, ModelRunner::Forward forward, const EngineConfig& config);
+  // Any forward with the layout of `model` whose caches live in `backend`'s memory.
+  EngineCore(const Glm5NextConfig& model, Backend& backend, ModelRunner::Forward forward, const EngineConfig& config);
 
   const EngineConfig& config() const { return config_; }
 

@@ -1,6 +1,10 @@
 #include "engine/paged_rows.h"
 
+#include <algorithm>
 #include <utility>
+
+#include "backend/backend.h"
+#include "base/error.h"
 
 namespace kestrel {
 
@@ -23,24 +27,47 @@ void GrowingBlockSource::release(int32_t block) {
   if (--references_[static_cast<size_t>(block)] == 0) free_.push_back(block);
 }
 
-RowBlockPool::RowBlockPool(int64_t row_width, int64_t block_rows, int64_t num_blocks)
-    : row_width_(row_width), block_rows_(block_rows), blocks_(static_cast<size_t>(num_blocks)) {}
+RowBlockPool::RowBlockPool(Backend& backend, int64_t row_width, int64_t block_rows, int64_t num_blocks)
+    : backend_(backend), row_width_(row_width), block_rows_(block_rows), fixed_(num_blocks > 0) {
+  if (fixed_) reserve_blocks(num_blocks);
+}
 
-float* RowBlockPool::block(int32_t id) {
-  const auto index = static_cast<size_t>(id);
-  if (index >= blocks_.size()) blocks_.resize(index + 1);
-  if (!blocks_[index]) blocks_[index] = std::make_unique<float[]>(static_cast<size_t>(row_width_ * block_rows_));
-  return blocks_[index].get();
+void RowBlockPool::reserve_blocks(int64_t num_blocks) {
+  if (num_blocks <= capacity_blocks_) return;
+  require(!fixed_ || capacity_blocks_ == 0, "block id {} is outside the cache's {} blocks", num_blocks - 1,
+          capacity_blocks_);
+  const int64_t capacity = fixed_ ? num_blocks : std::max(num_blocks, 2 * capacity_blocks_);
+  BackendArray grown(backend_, static_cast<size_t>(capacity * block_floats()));
+  if (capacity_blocks_ > 0) {
+    backend_.copy(grown.data(), storage_.data(), static_cast<size_t>(capacity_blocks_ * block_floats()) * sizeof(float));
+  }
+  storage_ = std::move(grown);
+  capacity_blocks_ = capacity;
 }
 
 void BlockTable::grow_to(int64_t num_blocks) {
+  const size_t from = ids_.size();
   while (size() < num_blocks) ids_.push_back(source_->allocate());
+  mirror_from(from);
 }
 
 void BlockTable::share(std::span<const int32_t> blocks) {
+  const size_t from = ids_.size();
   for (const int32_t id : blocks) {
     source_->retain(id);
     ids_.push_back(id);
+  }
+  mirror_from(from);
+}
+
+void BlockTable::mirror_from(size_t from) {
+  if (ids_.size() > mirror_.size()) {
+    BackendArray grown(*backend_, std::max<size_t>({ids_.size(), 2 * mirror_.size(), 16}));
+    if (from > 0) backend_->copy(grown.int32s(), mirror_.int32s(), from * sizeof(int32_t));
+    mirror_ = std::move(grown);
+  }
+  if (ids_.size() > from) {
+    backend_->copy_to_backend(mirror_.int32s() + from, ids_.data() + from, (ids_.size() - from) * sizeof(int32_t));
   }
 }
 
@@ -52,10 +79,17 @@ void BlockTable::clear() {
   }
 }
 
-float* PagedRows::append() {
-  const int64_t block_index = num_rows_ / pool_->block_rows();
+float* PagedRows::append() { return append_run(1).rows; }
+
+RowRun PagedRows::append_run(int64_t count) {
+  const int64_t block_rows = pool_->block_rows();
+  const int64_t block_index = num_rows_ / block_rows;
   if (block_index >= table_->size()) table_->grow_to(block_index + 1);
-  return row(num_rows_++);
+  pool_->reserve_blocks(table_->ids()[static_cast<size_t>(block_index)] + int64_t{1});
+  const int64_t taken = std::min(count, block_rows - num_rows_ % block_rows);
+  float* rows = row(num_rows_);
+  num_rows_ += taken;
+  return RowRun{.rows = rows, .count = taken};
 }
 
 float* PagedRows::row(int64_t index) {

@@ -12,7 +12,11 @@
 #include <span>
 #include <vector>
 
+#include "backend/backend_array.h"
+
 namespace kestrel {
+
+class Backend;
 
 // Hands out block ids. Not thread-safe: the engine sizes block tables on its own thread before forwards run in
 // parallel, so a forward never allocates.
@@ -36,35 +40,49 @@ private:
   std::vector<int32_t> free_;
 };
 
-// Storage of one pool: `block_rows` rows of `row_width` floats per block id, created when a block is first written.
-// With `num_blocks` given, the table of blocks never grows, so forwards on different sequences (different blocks) may
-// create storage concurrently.
+// Storage of one pool in the backend's memory: `block_rows` rows of `row_width` floats per block id, block b at
+// data() + b * block_rows * row_width (one array, so a GPU kernel reaches any block from the base). With
+// `num_blocks` given (the engine), the storage is made once and never moves, so forwards on different sequences
+// (different blocks) may run concurrently; without, it grows with reserve_blocks, which moves it.
 class RowBlockPool {
 public:
-  RowBlockPool(int64_t row_width, int64_t block_rows, int64_t num_blocks = 0);
+  RowBlockPool(Backend& backend, int64_t row_width, int64_t block_rows, int64_t num_blocks = 0);
 
   int64_t row_width() const { return row_width_; }
   int64_t block_rows() const { return block_rows_; }
+  int64_t capacity_blocks() const { return capacity_blocks_; }
+  // Makes room for block ids below `num_blocks`, keeping the rows written (growing a fixed pool is an Error).
+  void reserve_blocks(int64_t num_blocks);
 
-  float* block(int32_t id);
-  const float* block(int32_t id) const { return blocks_[static_cast<size_t>(id)].get(); }
+  float* data() { return storage_.data(); }
+  const float* data() const { return storage_.data(); }
+  float* block(int32_t id) { return storage_.data() + id * block_floats(); }
+  const float* block(int32_t id) const { return storage_.data() + id * block_floats(); }
 
 private:
+  int64_t block_floats() const { return row_width_ * block_rows_; }
+
+  Backend& backend_;
   int64_t row_width_;
   int64_t block_rows_;
-  std::vector<std::unique_ptr<float[]>> blocks_;  // by id; null until first written
+  bool fixed_;
+  int64_t capacity_blocks_ = 0;
+  BackendArray storage_;
 };
 
-// The block ids of one sequence in token order, shared by all of its PagedRows. Holds one reference per block.
+// The block ids of one sequence in token order, shared by all of its PagedRows. Holds one reference per block. The
+// ids are mirrored in the backend's memory for kernels that walk the table.
 class BlockTable {
 public:
-  explicit BlockTable(BlockSource& source) : source_(&source) {}
+  BlockTable(BlockSource& source, Backend& backend) : source_(&source), backend_(&backend) {}
   ~BlockTable() { clear(); }
   BlockTable(const BlockTable&) = delete;
   BlockTable& operator=(const BlockTable&) = delete;
 
   const std::vector<int32_t>& ids() const { return ids_; }
   int64_t size() const { return static_cast<int64_t>(ids_.size()); }
+  // ids() in the backend's memory.
+  const int32_t* backend_ids() const { return mirror_.int32s(); }
 
   // Grows to `num_blocks` blocks with fresh ids (no-op when already that long).
   void grow_to(int64_t num_blocks);
@@ -74,8 +92,19 @@ public:
   void clear();
 
 private:
+  // Copies ids [from, size) to the mirror, growing it as needed.
+  void mirror_from(size_t from);
+
   BlockSource* source_;
+  Backend* backend_;
   std::vector<int32_t> ids_;
+  BackendArray mirror_;
+};
+
+// A run of rows that are consecutive in memory: rows of one block.
+struct RowRun {
+  float* rows;
+  int64_t count;
 };
 
 // One sequence's rows in one pool, appended in order; row r lives in block table entry r / pool.block_rows().
@@ -85,8 +114,13 @@ public:
 
   int64_t size() const { return num_rows_; }
   int64_t row_width() const { return pool_->row_width(); }
-  // Appends a row and returns it for the caller to fill; grows the table when the row starts a new block.
+  const RowBlockPool& pool() const { return *pool_; }
+  const BlockTable& table() const { return *table_; }
+  // Appends a row and returns it for the caller to fill; grows the table (and a growing pool) when the row starts a
+  // new block.
   float* append();
+  // Appends up to `count` rows, as many as fit in the current block, and returns them.
+  RowRun append_run(int64_t count);
   float* row(int64_t index);
   const float* row(int64_t index) const;
   // Sets the number of valid rows: shrinking forgets rows, growing adopts rows already in the table's blocks.

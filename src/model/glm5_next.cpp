@@ -23,7 +23,9 @@ Glm5NextModel::Glm5NextModel(Glm5NextConfig config, Checkpoint checkpoint, Backe
       checkpoint_(std::move(checkpoint)),
       backend_(backend),
       weights_(bind_glm5_next_weights(checkpoint_, config_)),
-      pools_(config_) {}
+      pools_(config_, backend) {
+  place_glm5_next_weights(weights_, config_, backend_);
+}
 
 std::unique_ptr<SequenceState> Glm5NextModel::new_sequence() {
   return std::make_unique<SequenceState>(config_, pools_);
@@ -47,18 +49,22 @@ std::vector<float> Glm5NextModel::forward(SequenceState& sequence, std::span<con
                      .sinkhorn_iters = c.hc_sinkhorn_iters};
   const auto eps = static_cast<float>(c.rms_norm_eps);
 
+  sequence.reserve(start + T);
   Workspace ws(backend_);
+  int32_t* ids = ws.int32s(T);
+  backend_.copy_to_backend(ids, tokens.data(), tokens.size_bytes());
   float* x = ws.floats(T * D);             // [T, D] embeddings, then each sub-block's collapsed input
   float* streams = ws.floats(T * hc * D);  // [T, hc, D] the residual streams
   float* normed = ws.floats(T * D);
   float* block_out = ws.floats(T * D);
   float* post = ws.floats(T * hc);
   float* comb = ws.floats(T * hc * hc);
-  backend_.embed(tokens.data(), T, weights_.embed_tokens, x);
+  backend_.embed(ids, T, weights_.embed_tokens, x);
   backend_.stream_expand(x, T, hc, D, streams);
 
-  // The top-k of the last full indexer layer, reused by a following "shared" layer.
-  std::vector<std::vector<int64_t>> selection;
+  // The positions chosen by the last full indexer layer, reused by a following "shared" layer.
+  const int64_t stride = indexer_max_positions(c.index_topk / c.index_kpool, c.index_kpool);
+  Selection selection{.positions = ws.int32s(T * stride), .counts = ws.int32s(T), .stride = stride, .made = false};
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     const LayerWeights& layer = weights_.layers[static_cast<size_t>(i)];
 
@@ -87,8 +93,10 @@ std::vector<float> Glm5NextModel::forward(SequenceState& sequence, std::span<con
   const float* last_streams = streams + (T - rows) * hc * D;
   backend_.stream_mean(last_streams, rows, hc, D, x);
   backend_.rms_norm(x, rows, D, weights_.final_norm.data(), eps, normed);
+  float* head = ws.floats(rows * c.vocab_size);
+  backend_.linear(normed, rows, weights_.lm_head, head);
   std::vector<float> logits(static_cast<size_t>(rows * c.vocab_size));
-  backend_.linear(normed, rows, weights_.lm_head, logits.data());
+  backend_.copy_to_host(logits.data(), head, logits.size() * sizeof(float));
   return logits;
 }
 
@@ -143,7 +151,7 @@ void Glm5NextModel::kda_block(Workspace& ws, const KdaWeights& w, KdaLayerState&
 }
 
 void Glm5NextModel::mla_block(Workspace& ws, const MlaWeights& w, MlaLayerState& state, int64_t start, const float* x,
-                              int64_t T, std::vector<std::vector<int64_t>>& selection, float* out) {
+                              int64_t T, Selection& selection, float* out) {
   const Glm5NextConfig& c = config_;
   const int64_t H = c.num_attention_heads, rank = c.kv_lora_rank;
   const auto eps = static_cast<float>(c.rms_norm_eps);
@@ -159,8 +167,10 @@ void Glm5NextModel::mla_block(Workspace& ws, const MlaWeights& w, MlaLayerState&
   // The cached latent: c = RMSNorm(kv_a_proj x), one row of kv_lora_rank per token.
   float* kv_low = ws.floats(T * rank);
   backend_.linear(x, T, w.kv_a_proj, kv_low);
-  for (int64_t t = 0; t < T; ++t) {
-    backend_.rms_norm(kv_low + t * rank, 1, rank, w.kv_a_norm.data(), eps, state.latents.append());
+  for (int64_t t = 0; t < T;) {
+    const RowRun run = state.latents.append_run(T - t);
+    backend_.rms_norm(kv_low + t * rank, run.count, rank, w.kv_a_norm.data(), eps, run.rows);
+    t += run.count;
   }
 
   if (w.indexer) {
@@ -172,10 +182,13 @@ void Glm5NextModel::mla_block(Workspace& ws, const MlaWeights& w, MlaLayerState&
     float* iw = ws.floats(T * IH);
     backend_.linear(x, T, ix.wk, keys);
     backend_.linear(x, T, ix.compress_gate, gates);
-    for (int64_t t = 0; t < T; ++t) {
-      backend_.layer_norm(keys + t * dim, 1, dim, ix.k_norm_weight.data(), ix.k_norm_bias.data(), 1e-6f,
-                          state.index_keys.append());
-      std::copy_n(gates + t * dim, dim, state.index_gates.append());
+    for (int64_t t = 0; t < T;) {
+      const RowRun run = state.index_keys.append_run(T - t);
+      backend_.layer_norm(keys + t * dim, run.count, dim, ix.k_norm_weight.data(), ix.k_norm_bias.data(), 1e-6f,
+                          run.rows);
+      backend_.copy(state.index_gates.append_run(run.count).rows, gates + t * dim,
+                    static_cast<size_t>(run.count * dim) * sizeof(float));
+      t += run.count;
     }
     // Pools completed by these tokens are compressed once and kept.
     for (int64_t pool = state.pooled_keys.size(); (pool + 1) * c.index_kpool <= start + T; ++pool) {
@@ -194,12 +207,16 @@ void Glm5NextModel::mla_block(Workspace& ws, const MlaWeights& w, MlaLayerState&
                            .select_tail = c.index_kpool_always_select_tail && c.index_kpool > 1,
                            .query = iq,
                            .weights = iw,
-                           .pooled_keys = &state.pooled_keys};
-    backend_.indexer_select(args, selection);
+                           .pooled_keys = &state.pooled_keys,
+                           .positions = selection.positions,
+                           .counts = selection.counts,
+                           .positions_stride = selection.stride};
+    backend_.indexer_select(args);
+    selection.made = true;
   }
 
   // A shared layer reuses the selection of the full layer before it (config validation guarantees there is one).
-  require(static_cast<int64_t>(selection.size()) == T, "DSA layer has no token selection for {} tokens", T);
+  require(selection.made, "DSA layer has no token selection to reuse");
   float* attended = ws.floats(T * H * c.v_head_dim);
   backend_.sparse_mla_attention(SparseMlaArgs{.num_tokens = T,
                                               .num_heads = H,
@@ -210,7 +227,9 @@ void Glm5NextModel::mla_block(Workspace& ws, const MlaWeights& w, MlaLayerState&
                                               .query = query,
                                               .kv_b = &w.kv_b_proj,
                                               .latents = &state.latents,
-                                              .selected = &selection,
+                                              .positions = selection.positions,
+                                              .counts = selection.counts,
+                                              .positions_stride = selection.stride,
                                               .out = attended});
   backend_.linear(attended, T, w.o_proj, out);
 }
@@ -243,7 +262,7 @@ void Glm5NextModel::moe_block(Workspace& ws, const MoeWeights& w, const float* x
                                     .norm_topk_prob = c.norm_topk_prob,
                                     .routed_scaling_factor = static_cast<float>(c.routed_scaling_factor),
                                     .logits = router_logits,
-                                    .correction_bias = &w.correction_bias,
+                                    .correction_bias = w.correction_bias.data(),
                                     .expert_ids = expert_ids,
                                     .expert_weights = expert_weights});
   backend_.moe_experts(MoeArgs{.num_tokens = T,
@@ -253,23 +272,31 @@ void Glm5NextModel::moe_block(Workspace& ws, const MoeWeights& w, const float* x
                                .swiglu_limit = static_cast<float>(c.swiglu_limit),
                                .x = x,
                                .experts = &w.experts,
+                               .placed_experts = w.placed_experts.get(),
                                .expert_ids = expert_ids,
                                .expert_weights = expert_weights,
                                .out = out});
-  if (observer_ != nullptr) observe_experts(w, x, T, expert_ids);
+  if (observer_ != nullptr) observe_experts(ws, w, x, T, expert_ids);
   float* shared = ws.floats(T * D);
   mlp_block(ws, w.shared, x, T, shared);
   backend_.add(shared, T * D, out);
 }
 
-void Glm5NextModel::observe_experts(const MoeWeights& w, const float* x, int64_t T, const int32_t* expert_ids) {
+void Glm5NextModel::observe_experts(Workspace& ws, const MoeWeights& w, const float* x, int64_t T,
+                                    const int32_t* expert_ids) {
   const int64_t D = config_.hidden_size, top_k = config_.num_experts_per_tok;
+  std::vector<float> x_host(static_cast<size_t>(T * D));
+  std::vector<int32_t> ids_host(static_cast<size_t>(T * top_k));
+  backend_.copy_to_host(x_host.data(), x, x_host.size() * sizeof(float));
+  backend_.copy_to_host(ids_host.data(), expert_ids, ids_host.size() * sizeof(int32_t));
   for (size_t e = 0; e < w.experts.size(); ++e) {
     const ExpertWeights& expert = w.experts[e];
     std::vector<float> rows;
     for (int64_t t = 0; t < T; ++t) {
       for (int64_t j = 0; j < top_k; ++j) {
-        if (expert_ids[t * top_k + j] == static_cast<int32_t>(e)) rows.insert(rows.end(), x + t * D, x + (t + 1) * D);
+        if (ids_host[static_cast<size_t>(t * top_k + j)] == static_cast<int32_t>(e)) {
+          rows.insert(rows.end(), x_host.begin() + t * D, x_host.begin() + (t + 1) * D);
+        }
       }
     }
     const auto n = static_cast<int64_t>(rows.size()) / D;
@@ -281,11 +308,18 @@ void Glm5NextModel::observe_experts(const MoeWeights& w, const float* x, int64_t
     observer_->observe(module(expert.gate), rows.data(), n, D);
     observer_->observe(module(expert.up), rows.data(), n, D);
     const int64_t I = expert.gate.out_features;
-    std::vector<float> gate(static_cast<size_t>(n * I)), up(gate.size()), hidden(gate.size());
-    backend_.linear(rows.data(), n, expert.gate, gate.data());
-    backend_.linear(rows.data(), n, expert.up, up.data());
-    backend_.clamped_swiglu(gate.data(), up.data(), n, I, static_cast<float>(config_.swiglu_limit), hidden.data());
-    observer_->observe(module(expert.down), hidden.data(), n, I);
+    const Workspace::Frame frame(ws);
+    float* input = ws.floats(n * D);
+    float* gate = ws.floats(n * I);
+    float* up = ws.floats(n * I);
+    float* hidden = ws.floats(n * I);
+    backend_.copy_to_backend(input, rows.data(), rows.size() * sizeof(float));
+    backend_.linear(input, n, expert.gate, gate);
+    backend_.linear(input, n, expert.up, up);
+    backend_.clamped_swiglu(gate, up, n, I, static_cast<float>(config_.swiglu_limit), hidden);
+    std::vector<float> hidden_host(static_cast<size_t>(n * I));
+    backend_.copy_to_host(hidden_host.data(), hidden, hidden_host.size() * sizeof(float));
+    observer_->observe(module(expert.down), hidden_host.data(), n, I);
   }
 }
 

@@ -42,6 +42,7 @@ public:
 
   const Glm5NextConfig& config() const { return config_; }
   const Glm5NextWeights& weights() const { return weights_; }
+  Backend& backend() { return backend_; }
 
   std::unique_ptr<SequenceState> new_sequence();
 
@@ -59,12 +60,19 @@ private:
   // Each block reads the normalised sub-block input x [T, hidden] and writes its output [T, hidden]; its temporaries
   // come from the forward's workspace and go back to it when the block returns.
   void kda_block(Workspace& ws, const KdaWeights& w, KdaLayerState& state, const float* x, int64_t T, float* out);
+  // The DSA positions each new token attends to: made by a full indexer layer, reused by the shared ones after it.
+  struct Selection {
+    int32_t* positions;  // [T, stride]
+    int32_t* counts;     // [T]
+    int64_t stride;
+    bool made;
+  };
   void mla_block(Workspace& ws, const MlaWeights& w, MlaLayerState& state, int64_t start, const float* x, int64_t T,
-                 std::vector<std::vector<int64_t>>& selection, float* out);
+                 Selection& selection, float* out);
   void mlp_block(Workspace& ws, const MlpWeights& w, const float* x, int64_t T, float* out);
   void moe_block(Workspace& ws, const MoeWeights& w, const float* x, int64_t T, float* out);
   // Recomputes each routed expert's inputs for the observer (outside the backend's fused expert op).
-  void observe_experts(const MoeWeights& w, const float* x, int64_t T, const int32_t* expert_ids);
+  void observe_experts(Workspace& ws, const MoeWeights& w, const float* x, int64_t T, const int32_t* expert_ids);
 
   Glm5NextConfig config_;
   Checkpoint checkpoint_;  // owns the mappings the weights point into

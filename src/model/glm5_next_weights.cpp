@@ -212,6 +212,7 @@ MoeWeights bind_moe(Binder& b, const std::string& p, const Glm5NextConfig& c) {
   MoeWeights w{.router = b.matrix(p + "gate.weight", c.n_routed_experts, D),
                .correction_bias = b.vector(p + "gate.e_score_correction_bias", {c.n_routed_experts}),
                .experts = {},
+               .placed_experts = nullptr,
                .shared = bind_mlp(b, p + "shared_experts.", D, I * c.n_shared_experts)};
   for (int64_t e = 0; e < c.n_routed_experts; ++e) {
     const std::string q = fmt::format("{}experts.{}.", p, e);
@@ -308,6 +309,65 @@ Glm5NextWeights bind_glm5_next_weights(const Checkpoint& checkpoint, const Glm5N
     log_info("vision tower: {} tensors recognised and skipped (text-only forward)", w.num_vision_tensors_skipped);
   }
   return w;
+}
+
+namespace {
+
+void place_mhc(MhcWeights& w, Backend& backend) {
+  backend.place(w.fn);
+  backend.place(w.base);
+  backend.place(w.scale);
+}
+
+void place_mlp(MlpWeights& w, Backend& backend) {
+  for (LinearWeight* m : {&w.gate_proj, &w.up_proj, &w.down_proj}) backend.place(*m);
+}
+
+void place_kda(KdaWeights& w, Backend& backend) {
+  for (LinearWeight* m : {&w.q_proj, &w.k_proj, &w.v_proj, &w.f_a_proj, &w.f_b_proj, &w.b_proj, &w.g_a_proj,
+                          &w.g_b_proj, &w.o_proj}) {
+    backend.place(*m);
+  }
+  for (WeightVector* v : {&w.q_conv, &w.k_conv, &w.v_conv, &w.a_log, &w.dt_bias, &w.o_norm}) backend.place(*v);
+}
+
+void place_mla(MlaWeights& w, const Glm5NextConfig& c, Backend& backend) {
+  for (LinearWeight* m : {&w.q_a_proj, &w.q_b_proj, &w.kv_a_proj, &w.o_proj}) backend.place(*m);
+  backend.place(w.q_a_norm);
+  backend.place(w.kv_a_norm);
+  backend.place_attention_kv_b(w.kv_b_proj, c.num_attention_heads, c.qk_head_dim, c.v_head_dim);
+  if (w.indexer) {
+    IndexerWeights& ix = *w.indexer;
+    for (LinearWeight* m : {&ix.wq_b, &ix.wk, &ix.weights_proj, &ix.compress_gate}) backend.place(*m);
+    for (WeightVector* v : {&ix.k_norm_weight, &ix.k_norm_bias, &ix.compress_ape}) backend.place(*v);
+  }
+}
+
+}  // namespace
+
+void place_glm5_next_weights(Glm5NextWeights& w, const Glm5NextConfig& c, Backend& backend) {
+  backend.place(w.embed_tokens);
+  backend.place(w.lm_head);
+  backend.place(w.final_norm);
+  for (LayerWeights& layer : w.layers) {
+    backend.place(layer.input_norm);
+    backend.place(layer.post_attention_norm);
+    place_mhc(layer.attn_hc, backend);
+    place_mhc(layer.ffn_hc, backend);
+    if (layer.type == LayerType::linear_attention) {
+      place_kda(layer.kda, backend);
+    } else {
+      place_mla(layer.mla, c, backend);
+    }
+    if (layer.mlp_type == MlpType::dense) {
+      place_mlp(layer.dense, backend);
+    } else {
+      backend.place(layer.moe.router);
+      backend.place(layer.moe.correction_bias);
+      layer.moe.placed_experts = backend.place_experts(layer.moe.experts);
+      place_mlp(layer.moe.shared, backend);
+    }
+  }
 }
 
 }  // namespace kestrel

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "backend/backend.h"
 #include "base/error.h"
 
 namespace kestrel {
@@ -17,15 +18,17 @@ int64_t recurrent_floats(const Glm5NextConfig& c) {
 
 }  // namespace
 
-CachePools::CachePools(const Glm5NextConfig& c)
-    : block_tokens_(c.index_kpool * std::max<int64_t>(1, 16 / c.index_kpool)),
+CachePools::CachePools(const Glm5NextConfig& c, Backend& backend)
+    : backend_(backend),
+      block_tokens_(c.index_kpool * std::max<int64_t>(1, 16 / c.index_kpool)),
       own_source_(std::make_unique<GrowingBlockSource>()),
       source_(own_source_.get()) {
   add_layers(c, 0);
 }
 
-CachePools::CachePools(const Glm5NextConfig& c, int64_t block_tokens, BlockSource& source, int64_t num_blocks)
-    : block_tokens_(block_tokens), source_(&source) {
+CachePools::CachePools(const Glm5NextConfig& c, Backend& backend, int64_t block_tokens, BlockSource& source,
+                       int64_t num_blocks)
+    : backend_(backend), block_tokens_(block_tokens), source_(&source) {
   require(block_tokens > 0 && block_tokens % c.index_kpool == 0,
           "cache block size {} must be a positive multiple of index_kpool ({})", block_tokens, c.index_kpool);
   add_layers(c, num_blocks);
@@ -35,7 +38,7 @@ void CachePools::add_layers(const Glm5NextConfig& c, int64_t num_blocks) {
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     const bool dsa = c.layer_types[static_cast<size_t>(i)] == LayerType::sparse_attention;
     const auto pool = [&](int64_t width, int64_t rows) {
-      return dsa ? std::make_unique<RowBlockPool>(width, rows, num_blocks) : nullptr;
+      return dsa ? std::make_unique<RowBlockPool>(backend_, width, rows, num_blocks) : nullptr;
     };
     latents.push_back(pool(c.kv_lora_rank, block_tokens_));
     index_keys.push_back(pool(c.index_head_dim, block_tokens_));
@@ -45,16 +48,19 @@ void CachePools::add_layers(const Glm5NextConfig& c, int64_t num_blocks) {
 }
 
 SequenceState::SequenceState(const Glm5NextConfig& c, CachePools& pools)
-    : block_tokens_(pools.block_tokens()), kpool_(c.index_kpool), kda_state_size_(kda_state_size(c)),
-      blocks_(pools.source()) {
+    : backend_(pools.backend()), block_tokens_(pools.block_tokens()), kpool_(c.index_kpool),
+      kda_state_size_(kda_state_size(c)), blocks_(pools.source(), pools.backend()) {
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     const auto layer = static_cast<size_t>(i);
     full_indexer_.push_back(c.indexer_types[layer] == IndexerType::full);
     if (c.layer_types[layer] == LayerType::linear_attention) {
-      kda_.push_back(KdaLayerState{.conv = std::vector<float>(static_cast<size_t>(conv_floats(c)), 0.0f),
-                                   .recurrent = std::vector<float>(static_cast<size_t>(recurrent_floats(c)), 0.0f)});
+      kda_.push_back(KdaLayerState{.conv = BackendArray(backend_, static_cast<size_t>(conv_floats(c))),
+                                   .recurrent = BackendArray(backend_, static_cast<size_t>(recurrent_floats(c)))});
       mla_.push_back(nullptr);
     } else {
+      for (const auto* family : {&pools.latents, &pools.index_keys, &pools.index_gates, &pools.pooled_keys}) {
+        pools_.push_back((*family)[layer].get());
+      }
       kda_.emplace_back();
       mla_.push_back(std::make_unique<MlaLayerState>(
           MlaLayerState{.latents = PagedRows(*pools.latents[layer], blocks_),
@@ -63,9 +69,22 @@ SequenceState::SequenceState(const Glm5NextConfig& c, CachePools& pools)
                         .pooled_keys = PagedRows(*pools.pooled_keys[layer], blocks_)}));
     }
   }
+  zero_kda_state();
 }
 
-void SequenceState::reserve(int64_t num_tokens) { blocks_.grow_to((num_tokens + block_tokens_ - 1) / block_tokens_); }
+void SequenceState::reserve(int64_t num_tokens) {
+  blocks_.grow_to((num_tokens + block_tokens_ - 1) / block_tokens_);
+  if (blocks_.size() == 0) return;
+  const int32_t largest = *std::max_element(blocks_.ids().begin(), blocks_.ids().end());
+  for (RowBlockPool* pool : pools_) pool->reserve_blocks(largest + int64_t{1});
+}
+
+void SequenceState::zero_kda_state() {
+  for (KdaLayerState& kda : kda_) {
+    backend_.fill(kda.conv.data(), static_cast<int64_t>(kda.conv.size()), 0.0f);
+    backend_.fill(kda.recurrent.data(), static_cast<int64_t>(kda.recurrent.size()), 0.0f);
+  }
+}
 
 void SequenceState::resume_on(std::span<const int32_t> blocks) {
   require(num_tokens_ == 0 && blocks_.size() == 0, "a sequence resumes on a shared prefix only when empty");
@@ -92,10 +111,7 @@ void SequenceState::reset() {
     mla->index_gates.resize(0);
     mla->pooled_keys.resize(0);
   }
-  for (KdaLayerState& kda : kda_) {
-    std::fill(kda.conv.begin(), kda.conv.end(), 0.0f);
-    std::fill(kda.recurrent.begin(), kda.recurrent.end(), 0.0f);
-  }
+  zero_kda_state();
 }
 
 int64_t SequenceState::kda_state_size(const Glm5NextConfig& c) {
@@ -107,8 +123,10 @@ void SequenceState::save_kda_state(std::span<float> out) const {
           out.size(), kda_state_size_);
   float* cursor = out.data();
   for (const KdaLayerState& kda : kda_) {
-    cursor = std::copy(kda.conv.begin(), kda.conv.end(), cursor);
-    cursor = std::copy(kda.recurrent.begin(), kda.recurrent.end(), cursor);
+    for (const BackendArray* part : {&kda.conv, &kda.recurrent}) {
+      backend_.copy_to_host(cursor, part->data(), part->size() * sizeof(float));
+      cursor += part->size();
+    }
   }
 }
 
@@ -117,10 +135,10 @@ void SequenceState::load_kda_state(std::span<const float> in) {
           in.size(), kda_state_size_);
   const float* cursor = in.data();
   for (KdaLayerState& kda : kda_) {
-    std::copy_n(cursor, kda.conv.size(), kda.conv.begin());
-    cursor += kda.conv.size();
-    std::copy_n(cursor, kda.recurrent.size(), kda.recurrent.begin());
-    cursor += kda.recurrent.size();
+    for (BackendArray* part : {&kda.conv, &kda.recurrent}) {
+      backend_.copy_to_backend(part->data(), cursor, part->size() * sizeof(float));
+      cursor += part->size();
+    }
   }
 }
 

@@ -10,14 +10,18 @@
 #include <span>
 #include <vector>
 
+#include "backend/backend_array.h"
 #include "engine/paged_rows.h"
 #include "formats/glm5_next_config.h"
 
 namespace kestrel {
 
+class Backend;
+
+// In the backend's memory.
 struct KdaLayerState {
-  std::vector<float> conv;       // [3 (q, k, v), kernel - 1, heads * head_dim]
-  std::vector<float> recurrent;  // [heads, head_dim (k), head_dim (v)]
+  BackendArray conv;       // [3 (q, k, v), kernel - 1, heads * head_dim]
+  BackendArray recurrent;  // [heads, head_dim (k), head_dim (v)]
 };
 
 struct MlaLayerState {
@@ -27,23 +31,26 @@ struct MlaLayerState {
   PagedRows pooled_keys;  // [complete pools, index_head_dim]
 };
 
-// Block pools shared by all sequences of a model, one set per DSA layer (main layers only). A block holds
-// `block_tokens` tokens, a multiple of index_kpool so that a k-pool never straddles two blocks.
+// Block pools shared by all sequences of a model, one set per DSA layer (main layers only), in the backend's memory.
+// A block holds `block_tokens` tokens, a multiple of index_kpool so that a k-pool never straddles two blocks.
 class CachePools {
 public:
   // Ids from a source of its own, without limit, in blocks of about 16 tokens (a model used outside the engine).
-  explicit CachePools(const Glm5NextConfig& config);
-  // Ids [0, num_blocks) from `source` (the engine's block pool).
-  CachePools(const Glm5NextConfig& config, int64_t block_tokens, BlockSource& source, int64_t num_blocks);
+  CachePools(const Glm5NextConfig& config, Backend& backend);
+  // Ids [0, num_blocks) from `source` (the engine's block pool); the pools' storage is made here, once.
+  CachePools(const Glm5NextConfig& config, Backend& backend, int64_t block_tokens, BlockSource& source,
+             int64_t num_blocks);
 
   int64_t block_tokens() const { return block_tokens_; }
   BlockSource& source() { return *source_; }
+  Backend& backend() { return backend_; }
 
   std::vector<std::unique_ptr<RowBlockPool>> latents, index_keys, index_gates, pooled_keys;  // indexed by layer
 
 private:
   void add_layers(const Glm5NextConfig& config, int64_t num_blocks);
 
+  Backend& backend_;
   int64_t block_tokens_;
   std::unique_ptr<BlockSource> own_source_;
   BlockSource* source_;
@@ -56,6 +63,7 @@ public:
   SequenceState& operator=(const SequenceState&) = delete;
 
   int64_t num_tokens() const { return num_tokens_; }
+  int64_t block_tokens() const { return block_tokens_; }
   void advance(int64_t tokens) { num_tokens_ += tokens; }
 
   KdaLayerState& kda(int64_t layer) { return kda_[static_cast<size_t>(layer)]; }
@@ -63,7 +71,7 @@ public:
 
   // For the engine: slots reused across requests, prefix caching and preemption.
   const BlockTable& blocks() const { return blocks_; }
-  // Grows the block table to hold `num_tokens` tokens, so that the forward itself never allocates.
+  // Grows the block table (and growing pools) to hold `num_tokens` tokens, so that no op of a forward allocates.
   void reserve(int64_t num_tokens);
   // Starts an empty sequence on a prefix other sequences computed: shares `blocks` (full ones) and sets every row
   // count as a forward over their tokens leaves it. The KDA state of that boundary is the caller's to load.
@@ -71,12 +79,17 @@ public:
   // Empty again: blocks released, KDA state zeroed.
   void reset();
 
-  // The KDA state of all KDA layers as one flat array (conv, then recurrent, layer by layer) of this many floats.
+  // The KDA state of all KDA layers as one flat host array (conv, then recurrent, layer by layer) of this many
+  // floats.
   static int64_t kda_state_size(const Glm5NextConfig& config);
   void save_kda_state(std::span<float> out) const;
   void load_kda_state(std::span<const float> in);
 
 private:
+  void zero_kda_state();
+
+  Backend& backend_;
+  std::vector<RowBlockPool*> pools_;  // every pool the table's ids index, for reserve
   int64_t num_tokens_ = 0;
   int64_t block_tokens_;
   int64_t kpool_;

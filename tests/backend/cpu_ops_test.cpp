@@ -7,6 +7,7 @@
 #include <random>
 
 #include "backend/cpu/cpu_backend.h"
+#include "indexer_selection.h"
 #include "base/numeric.h"
 
 namespace kestrel {
@@ -127,27 +128,27 @@ TEST(KdaTest, ChunkedFormEqualsRecurrentForm) {
 
 TEST(IndexerTest, EqualScoresSelectLowerPoolsThenTail) {
   const int64_t dim = 4, kpool = 4, pools = 10;
-  RowBlockPool pool(dim, 16);
+  CpuBackend backend;
+  RowBlockPool pool(backend, dim, 16);
   GrowingBlockSource source;
-  BlockTable table(source);
+  BlockTable table(source, backend);
   PagedRows pooled(pool, table);
   for (int64_t p = 0; p < pools; ++p) std::fill_n(pooled.append(), dim, 1.0f);  // every pool scores the same
   const std::vector<float> query(static_cast<size_t>(2 * dim), 1.0f), weights(2, 1.0f);
-  std::vector<std::vector<int64_t>> selected;
-  CpuBackend backend;
-  backend.indexer_select(IndexerArgs{.num_tokens = 1, .start = 41, .num_heads = 2, .head_dim = dim, .kpool = kpool,
-                                     .topk_pools = 3, .select_tail = true, .query = query.data(),
-                                     .weights = weights.data(), .pooled_keys = &pooled},
-                         selected);
+  const auto selected = testing::select_on_host(backend, IndexerArgs{.num_tokens = 1, .start = 41, .num_heads = 2, .head_dim = dim,
+                                                    .kpool = kpool, .topk_pools = 3, .select_tail = true,
+                                                    .query = query.data(), .weights = weights.data(),
+                                                    .pooled_keys = &pooled}).lists();
   // Pools 0..2 win the tie; position 41 has the incomplete pool [40, 41] as its tail.
   EXPECT_EQ(selected.at(0), (std::vector<int64_t>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 40, 41}));
 }
 
 TEST(IndexerTest, QueryNeverSeesPoolsEndingAfterIt) {
   const int64_t dim = 2, kpool = 4;
-  RowBlockPool pool(dim, 16);
+  CpuBackend backend;
+  RowBlockPool pool(backend, dim, 16);
   GrowingBlockSource source;
-  BlockTable table(source);
+  BlockTable table(source, backend);
   PagedRows pooled(pool, table);
   for (int64_t p = 0; p < 3; ++p) {
     float* row = pooled.append();
@@ -155,13 +156,11 @@ TEST(IndexerTest, QueryNeverSeesPoolsEndingAfterIt) {
     row[1] = 0.0f;
   }
   const std::vector<float> query = {1.0f, 0.0f}, weights = {1.0f};
-  std::vector<std::vector<int64_t>> selected;
-  CpuBackend backend;
   // Position 6: pool 1 ends at 7 (not visible), so pool 0 and the tail [4, 6].
-  backend.indexer_select(IndexerArgs{.num_tokens = 1, .start = 6, .num_heads = 1, .head_dim = dim, .kpool = kpool,
-                                     .topk_pools = 2, .select_tail = true, .query = query.data(),
-                                     .weights = weights.data(), .pooled_keys = &pooled},
-                         selected);
+  const auto selected = testing::select_on_host(backend, IndexerArgs{.num_tokens = 1, .start = 6, .num_heads = 1, .head_dim = dim,
+                                                    .kpool = kpool, .topk_pools = 2, .select_tail = true,
+                                                    .query = query.data(), .weights = weights.data(),
+                                                    .pooled_keys = &pooled}).lists();
   EXPECT_EQ(selected.at(0), (std::vector<int64_t>{0, 1, 2, 3, 4, 5, 6}));
 }
 
@@ -173,7 +172,7 @@ TEST(RouterTest, TiesGoToLowerExpertAndWeightsUseUnbiasedScores) {
   CpuBackend backend;
   backend.route_experts(RouterArgs{.num_tokens = 1, .num_experts = 4, .top_k = 2, .n_group = 1, .topk_group = 1,
                                    .norm_topk_prob = true, .routed_scaling_factor = 2.5f, .logits = logits.data(),
-                                   .correction_bias = &bias, .expert_ids = ids.data(),
+                                   .correction_bias = bias.data(), .expert_ids = ids.data(),
                                    .expert_weights = weights.data()});
   EXPECT_EQ(ids, (std::vector<int32_t>{0, 1}));  // bias lifts expert 0; experts 1..3 tie, 1 wins
   const double s0 = 0.5, s1 = 1.0 / (1.0 + std::exp(-1.0));

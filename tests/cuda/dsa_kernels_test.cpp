@@ -18,6 +18,7 @@
 #include "backend/cuda/mla_weights.h"
 #include "base/error.h"
 #include "base/numeric.h"
+#include "../backend/indexer_selection.h"
 #include "cuda_test_util.h"
 
 namespace kestrel::cuda {
@@ -33,6 +34,12 @@ constexpr double kKpoolTolerance = 1e-6;
 constexpr double kAttentionTolerance = 1e-5;
 constexpr int64_t kKpool = 4, kBlockTokens = 64;
 
+// The host-memory backend the cached rows are written through.
+CpuBackend& host() {
+  static CpuBackend backend;
+  return backend;
+}
+
 // A block table whose ids are not 0, 1, 2, ...: another sequence takes 1 or 2 blocks after each of ours.
 class ScatteredTable {
 public:
@@ -47,7 +54,7 @@ public:
 
 private:
   GrowingBlockSource source_;
-  BlockTable ours_{source_}, other_{source_};
+  BlockTable ours_{source_, host()}, other_{source_, host()};
 };
 
 int64_t blocks_for(int64_t tokens) { return (tokens + kBlockTokens - 1) / kBlockTokens; }
@@ -85,7 +92,7 @@ TEST(CudaDsaTest, KpoolCompressMatchesCpu) {
   };
   for (const int64_t dim : {int64_t{32}, int64_t{128}}) {  // index_head_dim of the nano model, of GLM-5.3-Flash
     ScatteredTable seq(blocks_for(tokens));
-    RowBlockPool key_pool(dim, kBlockTokens), gate_pool(dim, kBlockTokens);
+    RowBlockPool key_pool(host(), dim, kBlockTokens), gate_pool(host(), dim, kBlockTokens);
     PagedRows keys(key_pool, seq.table()), gates(gate_pool, seq.table());
     append_rows(keys, random_values(static_cast<size_t>(tokens * dim), 21));
     append_rows(gates, random_values(static_cast<size_t>(tokens * dim), 22, 2.0f));
@@ -117,7 +124,7 @@ constexpr IndexerShape kModelIndexer{32, 128, 512};  // GLM-5.3-Flash
 // A sequence's pooled keys: PagedRows on a scattered table (block_tokens / kpool pools per block) and the device copy.
 struct PooledKeys {
   PooledKeys(int64_t num_pools, int64_t dim, const std::vector<float>& values)
-      : seq(blocks_for(num_pools * kKpool)), pool(dim, kBlockTokens / kKpool), rows(pool, seq.table()) {
+      : seq(blocks_for(num_pools * kKpool)), pool(host(), dim, kBlockTokens / kKpool), rows(pool, seq.table()) {
     append_rows(rows, values);
     device = to_device_rows(pool, seq.table(), num_pools);
   }
@@ -143,18 +150,9 @@ std::vector<std::vector<int64_t>> gpu_select(const IndexerArgs& a, const DeviceP
                                          .counts = counts.as<int32_t>()},
                        nullptr),
         "indexer_select");
-  const std::vector<int32_t> flat = to_host<int32_t>(positions);
-  const std::vector<int32_t> count = to_host<int32_t>(counts);
-  std::vector<std::vector<int64_t>> selected(static_cast<size_t>(T));
-  for (int64_t t = 0; t < T; ++t) {
-    const auto row = flat.begin() + t * stride;
-    const int32_t n = count[static_cast<size_t>(t)];
-    EXPECT_TRUE(n >= 0 && n <= stride) << "token " << t << " count " << n;
-    if (n < 0 || n > stride) continue;
-    selected[static_cast<size_t>(t)].assign(row, row + n);
-    EXPECT_TRUE(std::all_of(row + n, row + stride, [](int32_t p) { return p == -1; })) << "token " << t;
-  }
-  return selected;
+  return kestrel::testing::IndexerSelection{.stride = stride, .positions = to_host<int32_t>(positions),
+                                            .counts = to_host<int32_t>(counts)}
+      .lists();
 }
 
 // Random queries and weights (of both signs) for T tokens from `start`; the GPU's lists must equal the CPU's, with
@@ -167,8 +165,7 @@ void expect_cpu_selection(const IndexerShape& shape, const PooledKeys& keys, int
     const IndexerArgs args{.num_tokens = T, .start = start, .num_heads = shape.heads, .head_dim = shape.head_dim,
                            .kpool = kKpool, .topk_pools = shape.topk_pools, .select_tail = tail,
                            .query = query.data(), .weights = weights.data(), .pooled_keys = &keys.rows};
-    std::vector<std::vector<int64_t>> expected;
-    CpuBackend().indexer_select(args, expected);
+    const std::vector<std::vector<int64_t>> expected = kestrel::testing::select_on_host(host(), args).lists();
     const std::vector<std::vector<int64_t>> got = gpu_select(args, keys.device.view);
     ASSERT_EQ(got.size(), expected.size());
     for (size_t t = 0; t < got.size(); ++t) {
@@ -242,34 +239,29 @@ TEST(CudaDsaTest, SparseMlaAttentionMatchesCpu) {
     for (const Step step : {Step{0, 5}, Step{5997, 3}}) {
       const int64_t T = step.num_tokens, tokens = step.start + T, pools = tokens / kKpool;
       ScatteredTable seq(blocks_for(tokens));
-      RowBlockPool latent_pool(rank, kBlockTokens), pooled_pool(kNanoIndexer.head_dim, kBlockTokens / kKpool);
+      RowBlockPool latent_pool(host(), rank, kBlockTokens), pooled_pool(host(), kNanoIndexer.head_dim, kBlockTokens / kKpool);
       PagedRows latents(latent_pool, seq.table()), pooled(pooled_pool, seq.table());
       append_rows(latents, random_values(static_cast<size_t>(tokens * rank), ++seed));
       append_rows(pooled, random_values(static_cast<size_t>(pools * kNanoIndexer.head_dim), ++seed));
       const std::vector<float> index_query =
           random_values(static_cast<size_t>(T * kNanoIndexer.heads * kNanoIndexer.head_dim), ++seed);
       const std::vector<float> index_weights = random_values(static_cast<size_t>(T * kNanoIndexer.heads), ++seed);
-      std::vector<std::vector<int64_t>> selected;
-      cpu.indexer_select(IndexerArgs{.num_tokens = T, .start = step.start, .num_heads = kNanoIndexer.heads,
-                                     .head_dim = kNanoIndexer.head_dim, .kpool = kKpool,
-                                     .topk_pools = kModelIndexer.topk_pools, .select_tail = step.start > 0,
-                                     .query = index_query.data(), .weights = index_weights.data(),
-                                     .pooled_keys = &pooled},
-                         selected);
-      const int64_t stride = indexer_max_positions(kModelIndexer.topk_pools, kKpool);
-      std::vector<int32_t> positions(static_cast<size_t>(T * stride), -1), counts(static_cast<size_t>(T));
-      for (int64_t t = 0; t < T; ++t) {
-        const std::vector<int64_t>& list = selected[static_cast<size_t>(t)];
-        counts[static_cast<size_t>(t)] = static_cast<int32_t>(list.size());
-        std::copy(list.begin(), list.end(), positions.begin() + t * stride);
-      }
+      const kestrel::testing::IndexerSelection selection = kestrel::testing::select_on_host(
+          cpu, IndexerArgs{.num_tokens = T, .start = step.start, .num_heads = kNanoIndexer.heads,
+                           .head_dim = kNanoIndexer.head_dim, .kpool = kKpool,
+                           .topk_pools = kModelIndexer.topk_pools, .select_tail = step.start > 0,
+                           .query = index_query.data(), .weights = index_weights.data(), .pooled_keys = &pooled});
+      const int64_t stride = selection.stride;
+      const std::vector<int32_t>& positions = selection.positions;
+      const std::vector<int32_t>& counts = selection.counts;
 
       const std::vector<float> query = random_values(static_cast<size_t>(T * H * qk), ++seed);
       const float scale = 1.0f / std::sqrt(static_cast<float>(qk));
       std::vector<float> expected(static_cast<size_t>(T * H * vd));
       cpu.sparse_mla_attention(SparseMlaArgs{.num_tokens = T, .num_heads = H, .qk_head_dim = qk, .v_head_dim = vd,
                                              .kv_lora_rank = rank, .scale = scale, .query = query.data(),
-                                             .kv_b = &kv_b, .latents = &latents, .selected = &selected,
+                                             .kv_b = &kv_b, .latents = &latents, .positions = positions.data(),
+                                             .counts = counts.data(), .positions_stride = stride,
                                              .out = expected.data()});
 
       const DeviceRows latents_dev = to_device_rows(latent_pool, seq.table(), tokens);

@@ -138,7 +138,9 @@ TEST(CudaKdaTest, RecurrentMatchesCpu) {
   };
   uint32_t seed = 10;
   // 128 x 64 heads x 1 token is the model's decode step; 33 tokens carry the state across many steps at 128.
-  for (const Shape s : {Shape{64, 4, 1}, Shape{64, 4, 5}, Shape{128, 64, 1}, Shape{128, 4, 33}}) {
+  // 16 and 32: head dims below a warp's 32 key rows (the golden fixtures use 16).
+  for (const Shape s : {Shape{64, 4, 1}, Shape{64, 4, 5}, Shape{128, 64, 1}, Shape{128, 4, 33}, Shape{16, 4, 7},
+                        Shape{32, 3, 5}}) {
     const KdaInputs in = random_kda_inputs(s.tokens, s.heads, s.dim, seed += 10);
     const KdaOutputs gpu = gpu_kda(in, KdaForm::recurrent), cpu = cpu_kda(in, KdaForm::recurrent);
     EXPECT_LT(relative_difference(gpu.out, cpu.out), kRecurrentTolerance)

@@ -38,7 +38,7 @@ TEST(CudaMhcTest, PreAndPostMatchCpu) {
                                           .in_features = width,
                                           .data = reinterpret_cast<const std::byte*>(fn_bf16.data())},
                        .base = random_values(static_cast<size_t>(mix), 2),
-                       .scale = {0.7f, 1.3f, 2.0f}};
+                       .scale = std::vector<float>{0.7f, 1.3f, 2.0f}};
     const MhcShape shape{.num_tokens = c.tokens, .hc_mult = c.hc, .hidden = c.hidden, .rms_eps = 1e-6f,
                          .hc_eps = 1e-6f, .sinkhorn_iters = 20};
     const std::vector<float> streams = random_values(static_cast<size_t>(c.tokens * width), 3, 2.0f);
@@ -47,8 +47,8 @@ TEST(CudaMhcTest, PreAndPostMatchCpu) {
     cpu.mhc_pre(shape, weights, streams.data(), post.data(), comb.data(), collapsed.data());
 
     const DeviceLinear fn_dev = DeviceLinear::upload(weights.fn, device_info(0).sm_count);
-    const DeviceBuffer streams_dev = to_device(streams), base_dev = to_device(weights.base),
-                       scale_dev = to_device(weights.scale);
+    const DeviceBuffer streams_dev = to_device(streams), base_dev = to_device(weights.base.values),
+                       scale_dev = to_device(weights.scale.values);
     DeviceBuffer flat(streams.size() * sizeof(float)), mixes(static_cast<size_t>(c.tokens * mix) * sizeof(float));
     DeviceBuffer post_dev(post.size() * sizeof(float)), comb_dev(comb.size() * sizeof(float)),
         collapsed_dev(collapsed.size() * sizeof(float));

@@ -39,7 +39,7 @@ TEST(CudaRouterTest, MatchesCpuSelectionAndWeights) {
       cpu.route_experts(RouterArgs{.num_tokens = T, .num_experts = c.experts, .top_k = c.top_k, .n_group = c.n_group,
                                    .topk_group = c.topk_group, .norm_topk_prob = c.normalise,
                                    .routed_scaling_factor = 2.5f, .logits = logits.data(),
-                                   .correction_bias = &used_bias, .expert_ids = ids.data(),
+                                   .correction_bias = used_bias.data(), .expert_ids = ids.data(),
                                    .expert_weights = weights.data()});
       const DeviceBuffer logits_dev = to_device(logits), bias_dev = to_device(used_bias);
       DeviceBuffer ids_dev(ids.size() * sizeof(int32_t)), weights_dev(weights.size() * sizeof(float));

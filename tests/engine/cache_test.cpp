@@ -9,6 +9,7 @@
 
 #include "../formats/expect_error.h"
 #include "../model/golden_fixture.h"
+#include "backend/cpu/cpu_backend.h"
 #include "engine/block_pool.h"
 #include "engine/cache_manager.h"
 #include "engine/kda_snapshot_pool.h"
@@ -122,12 +123,15 @@ protected:
   Glm5NextConfig model = load_glm5_next_config(testing::golden_dir("bf16_hc4_kp4") + "/config.json");
   static constexpr int64_t B = 4;
 
+  CpuBackend backend;
+
   CacheManager make(int64_t num_blocks, int64_t num_snapshots, bool prefix_caching = true) {
-    return CacheManager(model, CacheConfig{.block_size = B,
-                                           .num_blocks = num_blocks,
-                                           .num_slots = 2,
-                                           .num_kda_snapshots = num_snapshots,
-                                           .enable_prefix_caching = prefix_caching});
+    return CacheManager(model, backend,
+                        CacheConfig{.block_size = B,
+                                    .num_blocks = num_blocks,
+                                    .num_slots = 2,
+                                    .num_kda_snapshots = num_snapshots,
+                                    .enable_prefix_caching = prefix_caching});
   }
 
   // Opens, grants and "computes" a prompt fully (the runner's part is only the snapshot writes), then closes it.

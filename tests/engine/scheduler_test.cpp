@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "../model/golden_fixture.h"
+#include "backend/cpu/cpu_backend.h"
 #include "engine/scheduler.h"
 
 namespace kestrel {
@@ -46,6 +47,7 @@ class SchedulerTest : public ::testing::Test {
 protected:
   static constexpr int64_t B = 4;
   Glm5NextConfig model = load_glm5_next_config(testing::golden_dir("bf16_hc4_kp4") + "/config.json");
+  CpuBackend backend;
   std::unique_ptr<CacheManager> cache;
   std::unique_ptr<Scheduler> scheduler;
   std::map<uint64_t, std::shared_ptr<Collector>> sinks;
@@ -59,11 +61,12 @@ protected:
   };
   void configure(const Limits& l) {
     scheduler.reset();
-    cache = std::make_unique<CacheManager>(model, CacheConfig{.block_size = B,
-                                                              .num_blocks = l.num_blocks,
-                                                              .num_slots = l.max_num_seqs,
-                                                              .num_kda_snapshots = 16,
-                                                              .enable_prefix_caching = l.prefix_caching});
+    cache = std::make_unique<CacheManager>(model, backend,
+                                           CacheConfig{.block_size = B,
+                                                       .num_blocks = l.num_blocks,
+                                                       .num_slots = l.max_num_seqs,
+                                                       .num_kda_snapshots = 16,
+                                                       .enable_prefix_caching = l.prefix_caching});
     scheduler = std::make_unique<Scheduler>(SchedulerConfig{.max_num_seqs = l.max_num_seqs,
                                                             .max_num_batched_tokens = l.max_num_batched_tokens,
                                                             .max_model_len = l.max_model_len,

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -18,13 +19,17 @@ struct GoldenFixture {
   int64_t prefill = 0;  // tokens of the reference's cached prefill, the rest decoded one at a time
 };
 
-inline std::string golden_dir(const std::string& name) {
-  return (std::filesystem::path(KESTREL_TEST_DATA) / "golden" / name).string();
+// tests/data as configured at build time, or $KESTREL_TEST_DATA (a test binary carried to another machine).
+inline std::filesystem::path test_data_root() {
+  const char* moved = std::getenv("KESTREL_TEST_DATA");
+  return std::filesystem::path(moved != nullptr && *moved != 0 ? moved : KESTREL_TEST_DATA);
 }
+
+inline std::string golden_dir(const std::string& name) { return (test_data_root() / "golden" / name).string(); }
 
 inline std::vector<std::string> golden_fixture_names() {
   std::vector<std::string> names;
-  const std::filesystem::path root = std::filesystem::path(KESTREL_TEST_DATA) / "golden";
+  const std::filesystem::path root = test_data_root() / "golden";
   if (std::filesystem::exists(root)) {
     for (const auto& entry : std::filesystem::directory_iterator(root)) {
       if (std::filesystem::exists(entry.path() / "meta.json")) names.push_back(entry.path().filename().string());

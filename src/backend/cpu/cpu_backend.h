@@ -16,6 +16,15 @@ public:
   float* allocate_floats(size_t count) override;
   void free_floats(float* data) override;
   void fill(float* data, int64_t count, float value) override;
+  void copy_to_backend(void* dst, const void* host, size_t bytes) override;
+  void copy_to_host(void* host, const void* src, size_t bytes) override;
+  void copy(void* dst, const void* src, size_t bytes) override;
+  bool concurrent_forwards() const override { return true; }
+
+  void place(LinearWeight& weight) override;
+  void place(WeightVector& vector) override;
+  void place_attention_kv_b(LinearWeight& kv_b, int64_t num_heads, int64_t qk_head_dim, int64_t v_head_dim) override;
+  std::shared_ptr<const PlacedWeight> place_experts(const std::vector<ExpertWeights>& experts) override;
 
   void linear(const float* x, int64_t num_tokens, const LinearWeight& weight, float* y) override;
   void embed(const int32_t* ids, int64_t num_tokens, const LinearWeight& table, float* out) override;
@@ -30,7 +39,7 @@ public:
                         float* conv_state, float* y) override;
   void kda_chunked(const KdaArgs& args, int64_t chunk_size) override;
   void kda_recurrent(const KdaArgs& args) override;
-  void indexer_select(const IndexerArgs& args, std::vector<std::vector<int64_t>>& selected) override;
+  void indexer_select(const IndexerArgs& args) override;
   void sparse_mla_attention(const SparseMlaArgs& args) override;
   void kpool_compress(const PagedRows& keys, const PagedRows& gates, const float* ape, int64_t pool, int64_t kpool,
                       float* pooled) override;

@@ -5,9 +5,11 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <span>
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
+#include "base/error.h"
 #include "base/thread_pool.h"
 
 namespace kestrel {
@@ -33,13 +35,15 @@ void CpuBackend::kpool_compress(const PagedRows& keys, const PagedRows& gates, c
   }
 }
 
-void CpuBackend::indexer_select(const IndexerArgs& a, std::vector<std::vector<int64_t>>& selected) {
-  selected.assign(static_cast<size_t>(a.num_tokens), {});
+void CpuBackend::indexer_select(const IndexerArgs& a) {
+  require(a.positions_stride >= indexer_max_positions(a.topk_pools, a.kpool),
+          "indexer selection stride {} is below the longest selection ({})", a.positions_stride,
+          indexer_max_positions(a.topk_pools, a.kpool));
   const int64_t num_pools = a.pooled_keys->size();
   const float softmax_scale = 1.0f / std::sqrt(static_cast<float>(a.head_dim));
   ThreadPool::global().parallel_for(a.num_tokens, [&](int64_t begin, int64_t end) {
     std::vector<float> scores;
-    std::vector<int64_t> order;
+    std::vector<int64_t> order, positions;
     for (int64_t t = begin; t < end; ++t) {
       const int64_t position = a.start + t;
       // Pools whose last token the query can see: p * kpool + kpool - 1 <= position.
@@ -63,7 +67,7 @@ void CpuBackend::indexer_select(const IndexerArgs& a, std::vector<std::vector<in
         const float sx = scores[static_cast<size_t>(x)], sy = scores[static_cast<size_t>(y)];
         return sx != sy ? sx > sy : x < y;
       });
-      std::vector<int64_t>& positions = selected[static_cast<size_t>(t)];
+      positions.clear();
       for (int64_t i = 0; i < keep; ++i) {
         const int64_t pool = order[static_cast<size_t>(i)];
         for (int64_t s = 0; s < a.kpool; ++s) positions.push_back(pool * a.kpool + s);
@@ -73,6 +77,10 @@ void CpuBackend::indexer_select(const IndexerArgs& a, std::vector<std::vector<in
         for (int64_t p = position + 1 - tail; p <= position; ++p) positions.push_back(p);
       }
       std::sort(positions.begin(), positions.end());
+      int32_t* out = a.positions + t * a.positions_stride;
+      std::fill(out, out + a.positions_stride, -1);
+      for (size_t i = 0; i < positions.size(); ++i) out[i] = static_cast<int32_t>(positions[i]);
+      a.counts[t] = static_cast<int32_t>(positions.size());
     }
   });
 }
@@ -93,7 +101,7 @@ void CpuBackend::sparse_mla_attention(const SparseMlaArgs& a) {
         for (int64_t d = 0; d < qk; ++d) {
           for (int64_t r = 0; r < rank; ++r) q_latent[sz(r)] += q[d] * w_uk[sz(d * rank + r)];
         }
-        const std::vector<int64_t>& positions = (*a.selected)[sz(t)];
+        const std::span<const int32_t> positions(a.positions + t * a.positions_stride, sz(a.counts[t]));
         probs.resize(positions.size());
         float max_score = -INFINITY;
         for (size_t i = 0; i < positions.size(); ++i) {

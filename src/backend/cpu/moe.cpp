@@ -32,7 +32,7 @@ void CpuBackend::route_experts(const RouterArgs& a) {
   for (int64_t t = 0; t < a.num_tokens; ++t) {
     for (int64_t e = 0; e < E; ++e) {
       scores[static_cast<size_t>(e)] = 1.0f / (1.0f + std::exp(-a.logits[t * E + e]));
-      choice[static_cast<size_t>(e)] = scores[static_cast<size_t>(e)] + (*a.correction_bias)[static_cast<size_t>(e)];
+      choice[static_cast<size_t>(e)] = scores[static_cast<size_t>(e)] + a.correction_bias[e];
     }
     // Group score = sum of the group's two best choices; experts outside the topk_group best groups are excluded.
     std::vector<float> group_scores(static_cast<size_t>(a.n_group));

@@ -22,6 +22,8 @@
 
 #include <cstdint>
 
+#include "backend/dsa_selection.h"
+
 namespace kestrel::cuda {
 
 // One sequence's rows in a device pool of blocks (engine/paged_rows.h on the GPU, like vLLM's KV cache): block id b
@@ -39,8 +41,6 @@ struct DevicePagedRows {
 cudaError_t kpool_compress(const DevicePagedRows& keys, const DevicePagedRows& gates, const float* ape,
                            int64_t first_pool, int64_t num_pools, int64_t kpool, float* pooled, cudaStream_t stream);
 
-// The longest selection of one token: topk_pools whole pools and an incomplete tail of up to kpool - 1 positions.
-constexpr int64_t indexer_max_positions(int64_t topk_pools, int64_t kpool) { return topk_pools * kpool + kpool - 1; }
 // Floats of scratch indexer_select needs: one score per (token, complete pool). 1M tokens of context at kpool 4 is
 // 250k pools, 1 MB per token.
 constexpr int64_t indexer_scratch_floats(int64_t num_tokens, int64_t num_pools) { return num_tokens * num_pools; }

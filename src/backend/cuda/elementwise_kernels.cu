@@ -64,7 +64,32 @@ __global__ void weighted_slot_sum_kernel(const float* slots, const float* weight
   out[i] = sum;
 }
 
+__global__ void fill_kernel(float* x, int64_t n, float value) {
+  const int64_t i = element_index();
+  if (i < n) x[i] = value;
+}
+
+// i indexes [rows, cols] of src.
+__global__ void scatter_rows_kernel(const float* src, const int32_t* rows, int64_t n, int64_t cols, float* out) {
+  const int64_t i = element_index();
+  if (i < n) out[static_cast<int64_t>(rows[i / cols]) * cols + i % cols] = src[i];
+}
+
 }  // namespace
+
+cudaError_t fill(float* x, int64_t n, float value, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  fill_kernel<<<blocks_for(n), kThreads, 0, stream>>>(x, n, value);
+  return cudaGetLastError();
+}
+
+cudaError_t scatter_rows(const float* src, const int32_t* rows, int64_t num_rows, int64_t cols, float* out,
+                         cudaStream_t stream) {
+  const int64_t n = num_rows * cols;
+  if (n == 0) return cudaSuccess;
+  scatter_rows_kernel<<<blocks_for(n), kThreads, 0, stream>>>(src, rows, n, cols, out);
+  return cudaGetLastError();
+}
 
 cudaError_t clamped_swiglu(const float* gate, const float* up, int64_t n, float limit, float* out,
                            cudaStream_t stream) {

@@ -8,6 +8,10 @@
 
 namespace kestrel::cuda {
 
+cudaError_t fill(float* x, int64_t n, float value, cudaStream_t stream);
+// out[rows[i], :] = src[i, :] for i < num_rows (src [num_rows, cols]); rows must be distinct and index out.
+cudaError_t scatter_rows(const float* src, const int32_t* rows, int64_t num_rows, int64_t cols, float* out,
+                         cudaStream_t stream);
 // out = silu(min(gate, limit)) * clamp(up, -limit, limit), over n elements.
 cudaError_t clamped_swiglu(const float* gate, const float* up, int64_t n, float limit, float* out,
                            cudaStream_t stream);

@@ -71,10 +71,17 @@ __global__ void __launch_bounds__(kElementwiseThreads)
   }
 }
 
-// One token's inputs as one lane holds them: q, k and g of key rows lane + 32 i, v of the warp's columns.
+// Key rows per lane: lane l holds rows l + 32 i below D (a head_dim below 32 leaves lanes idle; their rows read as
+// zero keys and queries, which change nothing).
+template <int D>
+__host__ __device__ constexpr int rows_per_lane() {
+  return (D + 31) / 32;
+}
+
+// One token's inputs as one lane holds them: q, k and g of its key rows, v of the warp's columns.
 template <int D>
 struct TokenInputs {
-  float q[D / 32], k[D / 32], g[D / 32], v[kColumnsPerWarp], beta;
+  float q[rows_per_lane<D>()], k[rows_per_lane<D>()], g[rows_per_lane<D>()], v[kColumnsPerWarp], beta;
 };
 
 template <int D>
@@ -83,10 +90,11 @@ __device__ __forceinline__ TokenInputs<D> load_token(const KdaDeviceArgs& a, int
   TokenInputs<D> in;
   const int64_t row = (t * a.num_heads + h) * D;
 #pragma unroll
-  for (int i = 0; i < D / 32; ++i) {
-    in.q[i] = a.q[row + lane + 32 * i];
-    in.k[i] = a.k[row + lane + 32 * i];
-    in.g[i] = a.g[row + lane + 32 * i];
+  for (int i = 0; i < rows_per_lane<D>(); ++i) {
+    const bool held = lane + 32 * i < D;
+    in.q[i] = held ? a.q[row + lane + 32 * i] : 0.0f;
+    in.k[i] = held ? a.k[row + lane + 32 * i] : 0.0f;
+    in.g[i] = held ? a.g[row + lane + 32 * i] : 0.0f;
   }
 #pragma unroll
   for (int j = 0; j < kColumnsPerWarp; ++j) in.v[j] = a.v[row + column0 + j];
@@ -99,15 +107,17 @@ __device__ __forceinline__ TokenInputs<D> load_token(const KdaDeviceArgs& a, int
 // the whole call; the next token's inputs are loaded while the current one is computed.
 template <int D>
 __global__ void __launch_bounds__(32 * kWarpsPerBlock) kda_recurrent_kernel(KdaDeviceArgs a) {
-  constexpr int kRows = D / 32;
+  constexpr int kRows = rows_per_lane<D>();
   const int lane = static_cast<int>(threadIdx.x & 31u);
   const int64_t h = blockIdx.x;
   const int column0 = (static_cast<int>(blockIdx.y) * kWarpsPerBlock + static_cast<int>(threadIdx.x / 32)) *
                       kColumnsPerWarp;
+  if (column0 >= D) return;  // a head narrower than the block's columns: whole warps idle
   float* state = a.state + h * D * D;  // S[c * D + v]
-  float S[kRows][kColumnsPerWarp];
+  float S[kRows][kColumnsPerWarp] = {};
 #pragma unroll
   for (int i = 0; i < kRows; ++i) {
+    if (lane + 32 * i >= D) continue;
     const float4* p = reinterpret_cast<const float4*>(state + (lane + 32 * i) * D + column0);
     const float4 lo = p[0], hi = p[1];
     S[i][0] = lo.x, S[i][1] = lo.y, S[i][2] = lo.z, S[i][3] = lo.w;
@@ -160,6 +170,7 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) kda_recurrent_kernel(KdaD
   }
 #pragma unroll
   for (int i = 0; i < kRows; ++i) {
+    if (lane + 32 * i >= D) continue;
     float4* p = reinterpret_cast<float4*>(state + (lane + 32 * i) * D + column0);
     p[0] = make_float4(S[i][0], S[i][1], S[i][2], S[i][3]);
     p[1] = make_float4(S[i][4], S[i][5], S[i][6], S[i][7]);
@@ -188,14 +199,17 @@ cudaError_t kda_gate(const float* f, int64_t num_tokens, int64_t num_heads, int6
 
 cudaError_t kda_recurrent(const KdaDeviceArgs& args, cudaStream_t stream) {
   const int64_t D = args.head_dim;
-  if ((D != 64 && D != 128) || reinterpret_cast<uintptr_t>(args.state) % 16 != 0) return cudaErrorInvalidValue;
+  if ((D != 16 && D != 32 && D != 64 && D != 128) || reinterpret_cast<uintptr_t>(args.state) % 16 != 0) {
+    return cudaErrorInvalidValue;
+  }
   if (args.num_tokens == 0 || args.num_heads == 0) return cudaSuccess;
-  const dim3 grid(static_cast<unsigned>(args.num_heads),
-                  static_cast<unsigned>(D / (kColumnsPerWarp * kWarpsPerBlock)));
-  if (D == 64) {
-    kda_recurrent_kernel<64><<<grid, 32 * kWarpsPerBlock, 0, stream>>>(args);
-  } else {
-    kda_recurrent_kernel<128><<<grid, 32 * kWarpsPerBlock, 0, stream>>>(args);
+  constexpr int64_t kBlockColumns = kColumnsPerWarp * kWarpsPerBlock;
+  const dim3 grid(static_cast<unsigned>(args.num_heads), static_cast<unsigned>((D + kBlockColumns - 1) / kBlockColumns));
+  switch (D) {
+    case 16: kda_recurrent_kernel<16><<<grid, 32 * kWarpsPerBlock, 0, stream>>>(args); break;
+    case 32: kda_recurrent_kernel<32><<<grid, 32 * kWarpsPerBlock, 0, stream>>>(args); break;
+    case 64: kda_recurrent_kernel<64><<<grid, 32 * kWarpsPerBlock, 0, stream>>>(args); break;
+    default: kda_recurrent_kernel<128><<<grid, 32 * kWarpsPerBlock, 0, stream>>>(args); break;
   }
   return cudaGetLastError();
 }

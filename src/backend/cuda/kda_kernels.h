@@ -39,8 +39,8 @@ cudaError_t kda_gate(const float* f, int64_t num_tokens, int64_t num_heads, int6
                      const float* dt_bias, const float* lower_bound, float* g, cudaStream_t stream);
 
 // The gated delta rule token by token, per head: q, k L2-normalised (eps 1e-6), q scaled by head_dim^-1/2;
-// S = diag(exp(g)) S; delta = (v - S^T k) * beta; S += k delta^T; out = S^T q. head_dim must be 64 or 128 and state
-// 16-byte aligned, else cudaErrorInvalidValue.
+// S = diag(exp(g)) S; delta = (v - S^T k) * beta; S += k delta^T; out = S^T q. head_dim must be 16, 32, 64 or 128
+// (the model uses 128, the test fixtures 16) and state 16-byte aligned, else cudaErrorInvalidValue.
 cudaError_t kda_recurrent(const KdaDeviceArgs& args, cudaStream_t stream);
 
 // The multi-token call (Backend::kda_chunked). Today the recurrence above over all T tokens; chunk_size (>= 1, else

@@ -1,0 +1,385 @@
+#include "backend/cuda/cuda_backend.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <optional>
+
+#include "backend/cuda/device_experts.h"
+#include "backend/cuda/dsa_kernels.h"
+#include "backend/cuda/elementwise_kernels.h"
+#include "backend/cuda/kda_kernels.h"
+#include "backend/cuda/mhc_kernels.h"
+#include "backend/cuda/mla_weights.h"
+#include "backend/cuda/norm_kernels.h"
+#include "backend/cuda/router_kernels.h"
+#include "base/error.h"
+#include "base/log.h"
+
+namespace kestrel::cuda {
+
+namespace {
+
+struct PlacedLinear final : PlacedWeight {
+  explicit PlacedLinear(DeviceLinear device) : linear(std::move(device)) {}
+  DeviceLinear linear;
+};
+
+struct PlacedMla final : PlacedWeight {
+  explicit PlacedMla(DeviceMlaWeights device) : weights(std::move(device)) {}
+  DeviceMlaWeights weights;
+};
+
+// Routed experts: one fused DeviceExperts, or a DeviceLinear per matrix (gate, up, down of expert 0, then 1, ...).
+struct PlacedExperts final : PlacedWeight {
+  std::optional<DeviceExperts> fused;
+  std::vector<DeviceLinear> linears;
+};
+
+DevicePagedRows device_rows(const PagedRows& rows) {
+  return DevicePagedRows{.pool = rows.pool().data(),
+                         .block_ids = rows.table().backend_ids(),
+                         .block_rows = rows.pool().block_rows(),
+                         .row_width = rows.row_width(),
+                         .num_rows = rows.size()};
+}
+
+// Whether every expert matrix is EXL3 and each projection has one shape, bitrate and codebook: what DeviceExperts
+// takes.
+bool one_exl3_format(const std::vector<ExpertWeights>& experts) {
+  const auto same = [](const LinearWeight& a, const LinearWeight& b) {
+    return a.exl3 && b.exl3 && a.exl3->bits == b.exl3->bits && a.exl3->codebook == b.exl3->codebook &&
+           a.out_features == b.out_features && a.in_features == b.in_features;
+  };
+  return std::all_of(experts.begin(), experts.end(), [&](const ExpertWeights& e) {
+    return same(e.gate, experts.front().gate) && same(e.up, experts.front().up) &&
+           same(e.down, experts.front().down);
+  });
+}
+
+}  // namespace
+
+CudaBackend::CudaBackend(int ordinal) {
+  require(ordinal >= 0 && ordinal < device_count(), "no CUDA device {} (this machine has {})", ordinal,
+          device_count());
+  check(cudaSetDevice(ordinal), "cudaSetDevice");
+  device_ = device_info(ordinal);
+  check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+  // Freed activation memory stays in the pool for the next forward instead of going back to the driver.
+  cudaMemPool_t pool = nullptr;
+  check(cudaDeviceGetDefaultMemPool(&pool, ordinal), "cudaDeviceGetDefaultMemPool");
+  uint64_t keep = std::numeric_limits<uint64_t>::max();
+  check(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep), "cudaMemPoolSetAttribute");
+  log_info("cuda: {} (compute {}.{}, {} SMs, {:.1f} GiB)", device_.name, device_.compute_major, device_.compute_minor,
+           device_.sm_count, static_cast<double>(device_.total_memory) / (1 << 30));
+}
+
+CudaBackend::~CudaBackend() {
+  if (stream_ != nullptr) {
+    (void)cudaStreamSynchronize(stream_);
+    (void)cudaStreamDestroy(stream_);
+  }
+}
+
+float* CudaBackend::allocate_floats(size_t count) {
+  void* data = nullptr;
+  const size_t bytes = std::max<size_t>(256, (count * sizeof(float) + 255) / 256 * 256);
+  check(cudaMallocAsync(&data, bytes, stream_), "cudaMallocAsync");
+  return static_cast<float*>(data);
+}
+
+void CudaBackend::free_floats(float* data) { check(cudaFreeAsync(data, stream_), "cudaFreeAsync"); }
+
+void CudaBackend::fill(float* data, int64_t count, float value) {
+  check(cuda::fill(data, count, value, stream_), "fill launch");
+}
+
+void CudaBackend::copy_to_backend(void* dst, const void* host, size_t bytes) {
+  if (bytes > 0) check(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, stream_), "copy to device");
+}
+
+void CudaBackend::copy_to_host(void* host, const void* src, size_t bytes) {
+  if (bytes > 0) check(cudaMemcpyAsync(host, src, bytes, cudaMemcpyDeviceToHost, stream_), "copy to host");
+  check(cudaStreamSynchronize(stream_), "stream synchronize");
+}
+
+void CudaBackend::copy(void* dst, const void* src, size_t bytes) {
+  if (bytes > 0) check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_), "device copy");
+}
+
+void CudaBackend::place(LinearWeight& weight) {
+  std::weak_ptr<const PlacedWeight>& known = placed_by_data_[weight.data];
+  if (auto shared = known.lock()) {
+    weight.placed = std::move(shared);
+    return;
+  }
+  auto placed = std::make_shared<const PlacedLinear>(DeviceLinear::upload(weight, device_.sm_count));
+  placed_bytes_ += placed->linear.weight_bytes();
+  known = placed;
+  weight.placed = std::move(placed);
+}
+
+void CudaBackend::place(WeightVector& vector) {
+  auto buffer = std::make_shared<DeviceBuffer>(DeviceBuffer::copy_of(vector.values.data(), vector.size() * sizeof(float)));
+  placed_bytes_ += buffer->size();
+  vector.placed = std::shared_ptr<const float>(buffer, buffer->as<float>());
+}
+
+void CudaBackend::place_attention_kv_b(LinearWeight& kv_b, int64_t num_heads, int64_t qk_head_dim,
+                                       int64_t v_head_dim) {
+  auto placed = std::make_shared<const PlacedMla>(DeviceMlaWeights::upload(kv_b, num_heads, qk_head_dim, v_head_dim));
+  placed_bytes_ += placed->weights.w_uk.size() + placed->weights.w_uv.size();
+  kv_b.placed = std::move(placed);
+}
+
+std::shared_ptr<const PlacedWeight> CudaBackend::place_experts(const std::vector<ExpertWeights>& experts) {
+  auto placed = std::make_shared<PlacedExperts>();
+  if (!experts.empty() && one_exl3_format(experts)) {
+    placed->fused = DeviceExperts::upload(experts, device_.sm_count);
+    placed_bytes_ += placed->fused->expert_bytes() * experts.size();
+  } else {
+    for (const ExpertWeights& expert : experts) {
+      for (const LinearWeight* matrix : {&expert.gate, &expert.up, &expert.down}) {
+        placed->linears.push_back(DeviceLinear::upload(*matrix, device_.sm_count));
+        placed_bytes_ += placed->linears.back().weight_bytes();
+      }
+    }
+  }
+  return placed;
+}
+
+const DeviceLinear& CudaBackend::placed_linear(const LinearWeight& weight) const {
+  const auto* placed = dynamic_cast<const PlacedLinear*>(weight.placed.get());
+  require(placed != nullptr, "weight '{}' was not placed on the GPU", weight.name);
+  return placed->linear;
+}
+
+void CudaBackend::linear(const float* x, int64_t num_tokens, const LinearWeight& weight, float* y) {
+  placed_linear(weight).forward(x, num_tokens, y, linear_scratch_, stream_);
+}
+
+void CudaBackend::embed(const int32_t* ids, int64_t num_tokens, const LinearWeight& table, float* out) {
+  placed_linear(table).gather_rows(ids, num_tokens, out, stream_);
+}
+
+void CudaBackend::rms_norm(const float* x, int64_t rows, int64_t n, const float* weight, float eps, float* y) {
+  check(cuda::rms_norm(x, rows, n, weight, eps, y, stream_), "rms_norm launch");
+}
+
+void CudaBackend::layer_norm(const float* x, int64_t rows, int64_t n, const float* weight, const float* bias,
+                             float eps, float* y) {
+  check(cuda::layer_norm(x, rows, n, weight, bias, eps, y, stream_), "layer_norm launch");
+}
+
+void CudaBackend::mhc_pre(const MhcShape& shape, const MhcWeights& weights, const float* streams, float* post,
+                          float* comb, float* collapsed) {
+  const int64_t T = shape.num_tokens, hc = shape.hc_mult, width = hc * shape.hidden, mix = (2 + hc) * hc;
+  // flat = streams / rms(streams) over the whole hc * hidden vector, then mixes = fn · flat.
+  float* flat = scratch_a_.floats(static_cast<size_t>(T * width));
+  float* mixes = scratch_b_.floats(static_cast<size_t>(T * mix));
+  rms_norm(streams, T, width, nullptr, shape.rms_eps, flat);
+  linear(flat, T, weights.fn, mixes);
+  check(mhc_mix(MhcMixArgs{.num_tokens = T,
+                           .hc_mult = hc,
+                           .hidden = shape.hidden,
+                           .hc_eps = shape.hc_eps,
+                           .sinkhorn_iters = shape.sinkhorn_iters,
+                           .mixes = mixes,
+                           .base = weights.base.data(),
+                           .scale = weights.scale.data(),
+                           .streams = streams,
+                           .post = post,
+                           .comb = comb,
+                           .collapsed = collapsed},
+                stream_),
+        "mhc_mix launch");
+}
+
+void CudaBackend::mhc_post(const MhcShape& shape, const float* post, const float* comb, const float* block_out,
+                           float* streams) {
+  check(cuda::mhc_post(post, comb, block_out, shape.num_tokens, shape.hc_mult, shape.hidden, streams, stream_),
+        "mhc_post launch");
+}
+
+void CudaBackend::causal_conv_silu(const float* x, int64_t num_tokens, int64_t channels, int64_t kernel,
+                                   const float* weight, float* conv_state, float* y) {
+  check(cuda::causal_conv_silu(x, num_tokens, channels, kernel, weight, conv_state, y, stream_),
+        "causal_conv_silu launch");
+}
+
+namespace {
+
+KdaDeviceArgs device_args(const KdaArgs& a) {
+  return KdaDeviceArgs{.num_tokens = a.num_tokens, .num_heads = a.num_heads, .head_dim = a.head_dim, .q = a.q,
+                       .k = a.k, .v = a.v, .g = a.g, .beta = a.beta, .state = a.state, .out = a.out};
+}
+
+}  // namespace
+
+void CudaBackend::kda_chunked(const KdaArgs& args, int64_t chunk_size) {
+  check(cuda::kda_chunked(device_args(args), chunk_size, stream_), "kda_chunked launch");
+}
+
+void CudaBackend::kda_recurrent(const KdaArgs& args) {
+  check(cuda::kda_recurrent(device_args(args), stream_), "kda_recurrent launch");
+}
+
+void CudaBackend::indexer_select(const IndexerArgs& a) {
+  require(a.positions_stride == indexer_max_positions(a.topk_pools, a.kpool),
+          "indexer selection stride {} differs from the longest selection ({})", a.positions_stride,
+          indexer_max_positions(a.topk_pools, a.kpool));
+  const DevicePagedRows pooled = device_rows(*a.pooled_keys);
+  float* scratch = scratch_a_.floats(static_cast<size_t>(indexer_scratch_floats(a.num_tokens, pooled.num_rows)));
+  check(cuda::indexer_select(IndexerDeviceArgs{.num_tokens = a.num_tokens,
+                                               .start = a.start,
+                                               .num_heads = a.num_heads,
+                                               .head_dim = a.head_dim,
+                                               .kpool = a.kpool,
+                                               .topk_pools = a.topk_pools,
+                                               .select_tail = a.select_tail,
+                                               .query = a.query,
+                                               .weights = a.weights,
+                                               .pooled_keys = pooled,
+                                               .scratch = scratch,
+                                               .positions = a.positions,
+                                               .counts = a.counts},
+                             stream_),
+        "indexer_select launch");
+}
+
+void CudaBackend::sparse_mla_attention(const SparseMlaArgs& a) {
+  const auto* placed = dynamic_cast<const PlacedMla*>(a.kv_b->placed.get());
+  require(placed != nullptr, "weight '{}' was not placed on the GPU for attention", a.kv_b->name);
+  check(cuda::sparse_mla_attention(SparseMlaDeviceArgs{.num_tokens = a.num_tokens,
+                                                       .num_heads = a.num_heads,
+                                                       .qk_head_dim = a.qk_head_dim,
+                                                       .v_head_dim = a.v_head_dim,
+                                                       .kv_lora_rank = a.kv_lora_rank,
+                                                       .scale = a.scale,
+                                                       .query = a.query,
+                                                       .w_uk = placed->weights.w_uk.as<float>(),
+                                                       .w_uv = placed->weights.w_uv.as<float>(),
+                                                       .latents = device_rows(*a.latents),
+                                                       .positions = a.positions,
+                                                       .counts = a.counts,
+                                                       .positions_stride = a.positions_stride,
+                                                       .out = a.out},
+                                   stream_),
+        "sparse_mla_attention launch");
+}
+
+void CudaBackend::kpool_compress(const PagedRows& keys, const PagedRows& gates, const float* ape, int64_t pool,
+                                 int64_t kpool, float* pooled) {
+  check(cuda::kpool_compress(device_rows(keys), device_rows(gates), ape, pool, 1, kpool, pooled, stream_),
+        "kpool_compress launch");
+}
+
+void CudaBackend::route_experts(const RouterArgs& a) {
+  check(cuda::route_experts(RouterDeviceArgs{.num_tokens = a.num_tokens,
+                                             .num_experts = a.num_experts,
+                                             .top_k = a.top_k,
+                                             .n_group = a.n_group,
+                                             .topk_group = a.topk_group,
+                                             .norm_topk_prob = a.norm_topk_prob,
+                                             .routed_scaling_factor = a.routed_scaling_factor,
+                                             .logits = a.logits,
+                                             .correction_bias = a.correction_bias,
+                                             .expert_ids = a.expert_ids,
+                                             .expert_weights = a.expert_weights},
+                            stream_),
+        "route_experts launch");
+}
+
+void CudaBackend::moe_experts(const MoeArgs& a) {
+  const auto* placed = dynamic_cast<const PlacedExperts*>(a.placed_experts);
+  require(placed != nullptr, "routed experts were not placed on the GPU");
+  if (placed->fused) {
+    placed->fused->forward(a.x, a.num_tokens, a.top_k, a.expert_ids, a.expert_weights, a.swiglu_limit, a.out,
+                           moe_scratch_, stream_);
+  } else {
+    moe_by_expert(a, placed->linears);
+  }
+}
+
+void CudaBackend::moe_by_expert(const MoeArgs& a, const std::vector<DeviceLinear>& linears) {
+  const int64_t T = a.num_tokens, k = a.top_k, D = a.hidden, I = a.intermediate, slots = T * k;
+  if (slots == 0) return;
+  std::vector<int32_t> ids(static_cast<size_t>(slots));
+  copy_to_host(ids.data(), a.expert_ids, ids.size() * sizeof(int32_t));
+  // Per expert, its slots' tokens (gathered as rows of x) and the slots its outputs go to.
+  const auto num_experts = static_cast<int64_t>(linears.size() / 3);
+  std::vector<std::vector<int32_t>> slots_of(static_cast<size_t>(num_experts));
+  for (int64_t s = 0; s < slots; ++s) {
+    const int32_t e = ids[static_cast<size_t>(s)];
+    require(e >= 0 && e < num_experts, "expert id {} is outside [0, {})", e, num_experts);
+    slots_of[static_cast<size_t>(e)].push_back(static_cast<int32_t>(s));
+  }
+  std::vector<int32_t> lists;  // tokens, then slots, expert by expert
+  for (const auto& expert_slots : slots_of) {
+    for (const int32_t s : expert_slots) lists.push_back(static_cast<int32_t>(s / k));
+  }
+  for (const auto& expert_slots : slots_of) lists.insert(lists.end(), expert_slots.begin(), expert_slots.end());
+  if (int_scratch_.size() < lists.size() * sizeof(int32_t)) {
+    check(cudaStreamSynchronize(stream_), "stream synchronize");
+    int_scratch_ = DeviceBuffer(lists.size() * sizeof(int32_t));
+  }
+  copy_to_backend(int_scratch_.data(), lists.data(), lists.size() * sizeof(int32_t));
+  const int32_t* tokens = int_scratch_.as<int32_t>();
+  const int32_t* slot_rows = tokens + slots;
+
+  // Scratch: the slot outputs [slots, D], then per expert its inputs [n, D], gate and up [n, I], outputs [n, D].
+  float* slot_out = moe_scratch_.floats(static_cast<size_t>(slots * D + 2 * slots * D + 2 * slots * I));
+  float* xs = slot_out + slots * D;
+  float* ys = xs + slots * D;
+  float* gate = ys + slots * D;
+  float* up = gate + slots * I;
+  int64_t offset = 0;
+  for (int64_t e = 0; e < num_experts; ++e) {
+    const auto n = static_cast<int64_t>(slots_of[static_cast<size_t>(e)].size());
+    if (n == 0) continue;
+    check(gather_rows(a.x, DenseWeightType::f32, D, tokens + offset, n, xs, stream_), "expert input gather");
+    linears[static_cast<size_t>(3 * e)].forward(xs, n, gate, linear_scratch_, stream_);
+    linears[static_cast<size_t>(3 * e + 1)].forward(xs, n, up, linear_scratch_, stream_);
+    check(cuda::clamped_swiglu(gate, up, n * I, a.swiglu_limit, gate, stream_), "expert activation launch");
+    linears[static_cast<size_t>(3 * e + 2)].forward(gate, n, ys, linear_scratch_, stream_);
+    check(scatter_rows(ys, slot_rows + offset, n, D, slot_out, stream_), "expert output scatter");
+    offset += n;
+  }
+  check(weighted_slot_sum(slot_out, a.expert_weights, T, k, D, a.out, stream_), "expert combine launch");
+}
+
+void CudaBackend::kda_gate(const float* f, int64_t num_tokens, int64_t num_heads, int64_t head_dim,
+                           const float* a_log, const float* dt_bias, const float* lower_bound, float* g) {
+  check(cuda::kda_gate(f, num_tokens, num_heads, head_dim, a_log, dt_bias, lower_bound, g, stream_),
+        "kda_gate launch");
+}
+
+void CudaBackend::gated_rms_norm(const float* x, const float* gate, int64_t rows, int64_t n, const float* weight,
+                                 float eps, float* y) {
+  check(cuda::gated_rms_norm(x, gate, rows, n, weight, eps, y, stream_), "gated_rms_norm launch");
+}
+
+void CudaBackend::sigmoid(float* x, int64_t n) { check(cuda::sigmoid(x, n, stream_), "sigmoid launch"); }
+
+void CudaBackend::scale(float* x, int64_t n, float factor) {
+  check(cuda::scale(x, n, factor, stream_), "scale launch");
+}
+
+void CudaBackend::add(const float* x, int64_t n, float* y) { check(cuda::add(x, n, y, stream_), "add launch"); }
+
+void CudaBackend::stream_mean(const float* streams, int64_t num_tokens, int64_t hc_mult, int64_t hidden,
+                              float* out) {
+  check(cuda::stream_mean(streams, num_tokens, hc_mult, hidden, out, stream_), "stream_mean launch");
+}
+
+void CudaBackend::stream_expand(const float* x, int64_t num_tokens, int64_t hc_mult, int64_t hidden,
+                                float* streams) {
+  check(cuda::stream_expand(x, num_tokens, hc_mult, hidden, streams, stream_), "stream_expand launch");
+}
+
+void CudaBackend::clamped_swiglu(const float* gate, const float* up, int64_t rows, int64_t n, float limit,
+                                 float* out) {
+  check(cuda::clamped_swiglu(gate, up, rows * n, limit, out, stream_), "clamped_swiglu launch");
+}
+
+}  // namespace kestrel::cuda

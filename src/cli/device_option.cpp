@@ -1,0 +1,34 @@
+#include "cli/device_option.h"
+
+#include "backend/cpu/cpu_backend.h"
+#include "base/error.h"
+#include "base/log.h"
+#ifdef KESTREL_WITH_CUDA
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/device_runtime.h"
+#endif
+
+namespace kestrel::cli {
+
+void add_device_option(CLI::App* cmd, std::string& device) {
+  cmd->add_option("--device", device, "Where the model runs: auto (a GPU when there is one), cpu or cuda")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
+      ->capture_default_str();
+}
+
+std::unique_ptr<Backend> make_backend(const std::string& device) {
+#ifdef KESTREL_WITH_CUDA
+  const int gpus = cuda::device_count();
+  if (device == "cuda" || (device == "auto" && gpus > 0)) {
+    require(gpus > 0, "--device cuda: no CUDA device is visible (driver missing, or CUDA_VISIBLE_DEVICES empty)");
+    return std::make_unique<cuda::CudaBackend>(0);
+  }
+#else
+  require(device != "cuda", "--device cuda: this kestrel was built without the CUDA backend (KESTREL_CUDA=OFF or "
+                            "no nvcc at build time)");
+#endif
+  log_info("device: cpu");
+  return std::make_unique<CpuBackend>();
+}
+
+}  // namespace kestrel::cli
