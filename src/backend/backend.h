@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string_view>
 #include <vector>
 
@@ -98,6 +99,13 @@ struct MoeArgs {
   float* out;                                // [T, hidden], overwritten
 };
 
+// A device's memory as its driver reports it, and what the backend's own allocator holds for activations, caches
+// and states (the allocator statistics a leak would show in).
+struct DeviceMemory {
+  size_t free_bytes = 0, total_bytes = 0;
+  size_t allocator_used_bytes = 0;
+};
+
 class Backend {
 public:
   virtual ~Backend() = default;
@@ -112,6 +120,8 @@ public:
   virtual void copy_to_backend(void* dst, const void* host, size_t bytes) = 0;
   virtual void copy_to_host(void* host, const void* src, size_t bytes) = 0;
   virtual void copy(void* dst, const void* src, size_t bytes) = 0;
+  // The memory of a device of its own, or nothing for host memory.
+  virtual std::optional<DeviceMemory> device_memory() = 0;
   // Whether forwards of different sequences may run at once on different threads (the CPU's ops are stateless; a
   // GPU backend queues everything on one stream and takes one forward at a time).
   virtual bool concurrent_forwards() const = 0;

@@ -39,6 +39,7 @@ struct RunOptions {
   bool raw = false;
   int64_t max_tokens = 256;
   int64_t max_model_len = 0;
+  double gpu_memory_utilization = 0.9;
   SamplingParams sampling{.temperature = 0.0f};
 };
 
@@ -164,6 +165,9 @@ Action add_run_command(CLI::App& app) {
   cmd->add_option("-n,--max-tokens", options->max_tokens, "Tokens to generate per answer")->capture_default_str();
   cmd->add_option("--max-model-len", options->max_model_len, "Context length (0: the model's)")->capture_default_str();
   add_device_option(cmd, options->device);
+  cmd->add_option("--gpu-memory-utilization", options->gpu_memory_utilization,
+                  "Fraction of the GPU's memory to use, weights and cache included")
+      ->capture_default_str();
   cmd->add_option("--temperature", s.temperature, "Sampling temperature (0: greedy)")->capture_default_str();
   cmd->add_option("--top-p", s.top_p, "Nucleus sampling mass")->capture_default_str();
   cmd->add_option("--top-k", s.top_k, "Keep the k most likely tokens (0: all)")->capture_default_str();
@@ -182,6 +186,7 @@ Action add_run_command(CLI::App& app) {
     Engine engine(std::make_unique<EngineCore>(
         *model, EngineConfig{.max_model_len = options->max_model_len,
                              .max_num_seqs = 1,
+                             .gpu_memory_utilization = options->gpu_memory_utilization,
                              .eos_token_ids = model_eos_token_ids(options->model, model->config())}));
     int status;
     double seconds = 0.0;

@@ -31,7 +31,7 @@ Action add_serve_command(CLI::App& app) {
     int port = 8888;
     int64_t max_model_len = 0, max_num_seqs = 16, max_num_batched_tokens = 2048;
     bool enable_prefix_caching = true, enable_auto_tool_choice = false;
-    double read_timeout = 30.0;
+    double read_timeout = 30.0, gpu_memory_utilization = 0.9;
     int64_t max_request_bytes = 16 * 1024 * 1024;
     int http_threads = 2;
   };
@@ -45,6 +45,9 @@ Action add_serve_command(CLI::App& app) {
   cmd->add_option("--max-model-len", o->max_model_len, "Prompt + output tokens per request (0: the model's)")
       ->capture_default_str();
   cmd->add_option("--max-num-seqs", o->max_num_seqs, "Sequences running at once")->capture_default_str();
+  cmd->add_option("--gpu-memory-utilization", o->gpu_memory_utilization,
+                  "Fraction of the GPU's memory to use, weights and cache included (the cache gets the rest)")
+      ->capture_default_str();
   cmd->add_option("--max-num-batched-tokens", o->max_num_batched_tokens, "Tokens computed per engine step")
       ->capture_default_str();
   cmd->add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", o->enable_prefix_caching,
@@ -91,6 +94,7 @@ Action add_serve_command(CLI::App& app) {
     EngineConfig config;
     config.max_model_len = o->max_model_len;
     config.max_num_seqs = o->max_num_seqs;
+    config.gpu_memory_utilization = o->gpu_memory_utilization;
     config.max_num_batched_tokens = o->max_num_batched_tokens;
     config.enable_prefix_caching = o->enable_prefix_caching;
     config.eos_token_ids = model_eos_token_ids(dir, model->config());

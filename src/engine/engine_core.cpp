@@ -1,5 +1,6 @@
 #include "engine/engine_core.h"
 
+#include <algorithm>
 #include <exception>
 #include <random>
 
@@ -9,17 +10,34 @@
 
 namespace kestrel {
 
+namespace {
+
+// On a backend with a device memory of its own and no block count requested: one forward of a cache block of tokens
+// on a scratch sequence first (the longest forward call the runner makes), so that what the activations take is in
+// use when the cache is sized, as vLLM's profile run does; then the device's memory.
+std::optional<DeviceMemory> profiled_device_memory(Glm5NextModel& model, const EngineConfig& config) {
+  if (config.num_blocks != 0 || !model.backend().device_memory()) return std::nullopt;
+  {
+    const auto sequence = model.new_sequence();
+    (void)model.forward(*sequence, std::vector<int32_t>(static_cast<size_t>(std::max<int64_t>(config.block_size, 1)), 0));
+  }
+  return model.backend().device_memory();
+}
+
+}  // namespace
+
 EngineCore::EngineCore(Glm5NextModel& model, const EngineConfig& config)
     : EngineCore(model.config(), model.backend(),
                  [&model](SequenceState& sequence, std::span<const int32_t> tokens) {
                    return model.forward(sequence, tokens, ForwardOptions{.all_logits = false});
                  },
-                 config) {}
+                 config, profiled_device_memory(model, config)) {}
 
 EngineCore::EngineCore(const Glm5NextConfig& model, Backend& backend, ModelRunner::Forward forward,
-                       const EngineConfig& config)
+                       const EngineConfig& config, const std::optional<DeviceMemory>& memory)
     : model_(model),
-      config_(resolve_engine_config(config, model)),
+      config_(resolve_engine_config(config, model, memory)),
+      backend_(backend),
       cache_(model_, backend,
              CacheConfig{.block_size = config_.block_size,
                                  .num_blocks = config_.num_blocks,
@@ -38,6 +56,14 @@ EngineCore::EngineCore(const Glm5NextConfig& model, Backend& backend, ModelRunne
            config_.max_model_len, config_.max_num_seqs, config_.max_num_batched_tokens, config_.num_blocks,
            config_.block_size, config_.enable_prefix_caching ? "on" : "off", config_.num_kda_snapshots,
            static_cast<double>(SequenceState::kda_state_size(model_)) * sizeof(float) / (1 << 20));
+  if (memory) {
+    const int64_t tokens = config_.num_blocks * config_.block_size;
+    log_info("GPU KV cache size: {} tokens ({:.2f} GiB); maximum concurrency for {} tokens per request: {:.2f}x",
+             tokens,
+             static_cast<double>(CachePools::block_bytes(model_, config_.block_size)) *
+                 static_cast<double>(config_.num_blocks) / (1 << 30),
+             config_.max_model_len, static_cast<double>(tokens) / static_cast<double>(config_.max_model_len));
+  }
 }
 
 void EngineCore::validate(std::span<const int32_t> prompt, const SamplingParams& params) const {
@@ -99,7 +125,10 @@ void EngineCore::step() {
 }
 
 EngineStats EngineCore::stats() const {
-  return EngineStats{.scheduler = scheduler_.stats(), .cache = cache_.stats(), .kv_cache_usage = cache_.usage()};
+  return EngineStats{.scheduler = scheduler_.stats(),
+                     .cache = cache_.stats(),
+                     .kv_cache_usage = cache_.usage(),
+                     .device_memory = backend_.device_memory()};
 }
 
 }  // namespace kestrel

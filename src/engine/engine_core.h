@@ -24,14 +24,17 @@ struct EngineStats {
   SchedulerStats scheduler;
   CacheStats cache;
   double kv_cache_usage = 0.0;  // fraction of blocks referenced by sequences
+  std::optional<DeviceMemory> device_memory;  // on a GPU
 };
 
 class EngineCore {
 public:
   // Serves `model` (which must outlive the core) with `config` resolved against it.
   EngineCore(Glm5NextModel& model, const EngineConfig& config);
-  // Any forward with the layout of `model` whose caches live in `backend`'s memory.
-  EngineCore(const Glm5NextConfig& model, Backend& backend, ModelRunner::Forward forward, const EngineConfig& config);
+  // Any forward with the layout of `model` whose caches live in `backend`'s memory; `memory` sizes the cache on a
+  // device (resolve_engine_config).
+  EngineCore(const Glm5NextConfig& model, Backend& backend, ModelRunner::Forward forward, const EngineConfig& config,
+             const std::optional<DeviceMemory>& memory = std::nullopt);
 
   const EngineConfig& config() const { return config_; }
 
@@ -55,6 +58,7 @@ public:
 private:
   Glm5NextConfig model_;
   EngineConfig config_;
+  Backend& backend_;
   CacheManager cache_;
   Scheduler scheduler_;
   ModelRunner runner_;

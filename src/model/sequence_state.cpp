@@ -1,6 +1,7 @@
 #include "model/sequence_state.h"
 
 #include <algorithm>
+#include <array>
 
 #include "backend/backend.h"
 #include "base/error.h"
@@ -34,17 +35,37 @@ CachePools::CachePools(const Glm5NextConfig& c, Backend& backend, int64_t block_
   add_layers(c, num_blocks);
 }
 
+namespace {
+
+// The row width and rows per block of each pool kind, in CachePools' member order.
+struct PoolShape {
+  int64_t width, rows;
+};
+std::array<PoolShape, 4> pool_shapes(const Glm5NextConfig& c, int64_t block_tokens) {
+  return {PoolShape{c.kv_lora_rank, block_tokens}, PoolShape{c.index_head_dim, block_tokens},
+          PoolShape{c.index_head_dim, block_tokens}, PoolShape{c.index_head_dim, block_tokens / c.index_kpool}};
+}
+
+}  // namespace
+
 void CachePools::add_layers(const Glm5NextConfig& c, int64_t num_blocks) {
+  const std::array<PoolShape, 4> shapes = pool_shapes(c, block_tokens_);
+  std::array<std::vector<std::unique_ptr<RowBlockPool>>*, 4> families = {&latents, &index_keys, &index_gates,
+                                                                         &pooled_keys};
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     const bool dsa = c.layer_types[static_cast<size_t>(i)] == LayerType::sparse_attention;
-    const auto pool = [&](int64_t width, int64_t rows) {
-      return dsa ? std::make_unique<RowBlockPool>(backend_, width, rows, num_blocks) : nullptr;
-    };
-    latents.push_back(pool(c.kv_lora_rank, block_tokens_));
-    index_keys.push_back(pool(c.index_head_dim, block_tokens_));
-    index_gates.push_back(pool(c.index_head_dim, block_tokens_));
-    pooled_keys.push_back(pool(c.index_head_dim, block_tokens_ / c.index_kpool));
+    for (size_t kind = 0; kind < shapes.size(); ++kind) {
+      families[kind]->push_back(
+          dsa ? std::make_unique<RowBlockPool>(backend_, shapes[kind].width, shapes[kind].rows, num_blocks) : nullptr);
+    }
   }
+}
+
+size_t CachePools::block_bytes(const Glm5NextConfig& c, int64_t block_tokens) {
+  int64_t floats = 0;
+  for (const PoolShape& shape : pool_shapes(c, block_tokens)) floats += shape.width * shape.rows;
+  const auto layers = std::count(c.layer_types.begin(), c.layer_types.end(), LayerType::sparse_attention);
+  return static_cast<size_t>(layers * floats) * sizeof(float);
 }
 
 SequenceState::SequenceState(const Glm5NextConfig& c, CachePools& pools)

@@ -43,6 +43,8 @@ public:
 
   int64_t block_tokens() const { return block_tokens_; }
   BlockSource& source() { return *source_; }
+  // Bytes one block id takes across every pool of `config` (float32 rows).
+  static size_t block_bytes(const Glm5NextConfig& config, int64_t block_tokens);
   Backend& backend() { return backend_; }
 
   std::vector<std::unique_ptr<RowBlockPool>> latents, index_keys, index_gates, pooled_keys;  // indexed by layer

@@ -86,6 +86,13 @@ std::string Metrics::render(const EngineStats& stats) const {
   metric("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.",
          stats.scheduler.num_waiting);
   metric("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.", stats.kv_cache_usage);
+  if (stats.device_memory) {
+    metric("kestrel:gpu_memory_used_bytes", "gauge", "GPU memory in use on the device (all processes).",
+           stats.device_memory->total_bytes - stats.device_memory->free_bytes);
+    metric("kestrel:gpu_allocator_used_bytes", "gauge",
+           "GPU memory Kestrel's allocator holds for activations, caches and states.",
+           stats.device_memory->allocator_used_bytes);
+  }
   counter("vllm:num_preemptions", "Cumulative number of preemptions from the engine.",
           stats.scheduler.num_preemptions);
   counter("vllm:prompt_tokens", "Number of prefill tokens processed.", stats.scheduler.prompt_tokens);

@@ -274,6 +274,38 @@ TEST(EngineConfig, LimitsAreCheckedNamingTheSetting) {
   EXPECT_EQ(resolved.num_kda_snapshots, 2 * resolved.max_num_seqs);
 }
 
+// On a GPU the cache gets what --gpu-memory-utilization leaves after the memory in use and the KDA slots, in whole
+// blocks; too little for one max_model_len sequence is an Error giving the longest context that fits.
+TEST(EngineConfig, OnADeviceTheCacheGetsTheMemoryLeftUnderTheUtilization) {
+  const Glm5NextConfig& model = fixture_model().config();
+  const size_t block = CachePools::block_bytes(model, 16);
+  const size_t slots = 4 * static_cast<size_t>(SequenceState::kda_state_size(model)) * sizeof(float);
+  ASSERT_GT(block, 0u);
+  const size_t total = size_t{1} << 30, in_use = 100u << 20;
+  const EngineConfig resolved = resolve_engine_config(
+      {.max_model_len = 256, .max_num_seqs = 4, .gpu_memory_utilization = 0.5}, model,
+      DeviceMemory{.free_bytes = total - in_use, .total_bytes = total});
+  EXPECT_EQ(resolved.num_blocks, static_cast<int64_t>((total / 2 - in_use - slots) / block));
+  // A block count asked for is kept; the device's memory is not consulted.
+  EXPECT_EQ(resolve_engine_config({.max_model_len = 256, .num_blocks = 40}, model,
+                                  DeviceMemory{.free_bytes = 0, .total_bytes = total})
+                .num_blocks,
+            40);
+  // Room for 10 blocks, one 256-token sequence needs 16.
+  const size_t tight = in_use + slots + 10 * block + block / 2;
+  testing::expect_error(
+      [&] {
+        resolve_engine_config({.max_model_len = 256, .max_num_seqs = 4, .gpu_memory_utilization = 1.0}, model,
+                              DeviceMemory{.free_bytes = tight - in_use, .total_bytes = tight});
+      },
+      {"max_model_len 256", "longest context that fits is 160 tokens", "--gpu-memory-utilization"});
+  testing::expect_error(
+      [&] {
+        resolve_engine_config({.gpu_memory_utilization = 1.5}, model, DeviceMemory{.free_bytes = 1, .total_bytes = 1});
+      },
+      {"gpu_memory_utilization"});
+}
+
 TEST(Engine, StreamsOutputsAndRefusesWhatItCannotServe) {
   Engine engine(std::make_unique<EngineCore>(fixture_model(), EngineConfig{.max_model_len = 64}));
   testing::expect_error([&] { engine.submit({.prompt_token_ids = random_prompt(1, 65), .sampling = greedy(4)}); },

@@ -107,6 +107,21 @@ TEST(CliLogitsTest, PrefillOfOneDecodesEveryOtherToken) {
   EXPECT_LE(testing::max_abs_difference(actual.data, prefix), 1e-3);
 }
 
+TEST(CliLogitsTest, AnUnknownDeviceIsAUsageError) {
+  const ScratchDir scratch;
+  const Outcome outcome = logits("1,2,3", scratch.file("logits.npy"), "--device tpu");
+  EXPECT_NE(outcome.status, 0);
+  EXPECT_NE(outcome.err.find("--device"), std::string::npos) << outcome.err;
+}
+
+// On a machine without an NVIDIA driver (CI), asking for the GPU is an error naming the flag, whether or not the
+// binary has the CUDA backend; `auto` runs on the CPU (the tests above).
+TEST(CliLogitsTest, DeviceCudaWithoutAGpuIsAnError) {
+  if (fs::exists("/dev/nvidiactl")) GTEST_SKIP() << "this machine has an NVIDIA driver";
+  const ScratchDir scratch;
+  expect_cli_error(logits("1,2,3", scratch.file("logits.npy"), "--device cuda"), "--device cuda");
+}
+
 TEST(CliLogitsTest, PrefillZeroIsAnError) {
   const ScratchDir scratch;
   const std::string out = scratch.file("logits.npy");

@@ -68,6 +68,12 @@ TEST(Metrics, VllmNamesAndCumulativeBuckets) {
        }) {
     EXPECT_NE(text.find(line + "\n"), std::string::npos) << line << "\n" << text;
   }
+  // GPU memory gauges only on a device.
+  EXPECT_EQ(text.find("kestrel:gpu_"), std::string::npos);
+  stats.device_memory = DeviceMemory{.free_bytes = 60, .total_bytes = 100, .allocator_used_bytes = 25};
+  const std::string gpu = m.render(stats);
+  EXPECT_NE(gpu.find("kestrel:gpu_memory_used_bytes{" + label + "} 40\n"), std::string::npos) << gpu;
+  EXPECT_NE(gpu.find("kestrel:gpu_allocator_used_bytes{" + label + "} 25\n"), std::string::npos) << gpu;
 }
 
 }  // namespace

@@ -107,6 +107,17 @@ void CudaBackend::copy(void* dst, const void* src, size_t bytes) {
   if (bytes > 0) check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_), "device copy");
 }
 
+std::optional<DeviceMemory> CudaBackend::device_memory() {
+  DeviceMemory memory;
+  check(cudaMemGetInfo(&memory.free_bytes, &memory.total_bytes), "cudaMemGetInfo");
+  cudaMemPool_t pool = nullptr;
+  check(cudaDeviceGetDefaultMemPool(&pool, device_.ordinal), "cudaDeviceGetDefaultMemPool");
+  uint64_t used = 0;
+  check(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, &used), "cudaMemPoolGetAttribute");
+  memory.allocator_used_bytes = used;
+  return memory;
+}
+
 void CudaBackend::place(LinearWeight& weight) {
   std::weak_ptr<const PlacedWeight>& known = placed_by_data_[weight.data];
   if (auto shared = known.lock()) {
