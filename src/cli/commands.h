@@ -17,5 +17,6 @@ Action add_detokenize_command(CLI::App& app);
 Action add_exl3_command(CLI::App& app);
 Action add_quantize_command(CLI::App& app);
 Action add_serve_command(CLI::App& app);
+Action add_bench_command(CLI::App& app);
 
 }  // namespace kestrel::cli

@@ -16,7 +16,8 @@ int main(int argc, char** argv) {
                                             kestrel::cli::add_detokenize_command(app),
                                             kestrel::cli::add_exl3_command(app),
                                             kestrel::cli::add_quantize_command(app),
-                                            kestrel::cli::add_serve_command(app)};
+                                            kestrel::cli::add_serve_command(app),
+                                            kestrel::cli::add_bench_command(app)};
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -36,6 +36,9 @@ struct PlacedExperts final : PlacedWeight {
   std::vector<DeviceLinear> linears;
 };
 
+// Above this many tokens an MoE call groups its tokens by expert (CudaBackend::moe_experts).
+constexpr int64_t kFusedMoeMaxTokens = 16;
+
 DevicePagedRows device_rows(const PagedRows& rows) {
   return DevicePagedRows{.pool = rows.pool().data(),
                          .block_ids = rows.table().backend_ids(),
@@ -304,11 +307,14 @@ void CudaBackend::route_experts(const RouterArgs& a) {
 void CudaBackend::moe_experts(const MoeArgs& a) {
   const auto* placed = dynamic_cast<const PlacedExperts*>(a.placed_experts);
   require(placed != nullptr, "routed experts were not placed on the GPU");
-  if (placed->fused) {
+  // The fused path reads an expert once per slot: right for decode, where a call has a few tokens. A prefill chunk
+  // has many tokens per expert, so they are grouped by expert (a host round trip for the routing) and each expert is
+  // read once per 16 of its tokens.
+  if (placed->fused && a.num_tokens <= kFusedMoeMaxTokens) {
     placed->fused->forward(a.x, a.num_tokens, a.top_k, a.expert_ids, a.expert_weights, a.swiglu_limit, a.out,
                            moe_scratch_, stream_);
   } else {
-    moe_by_expert(a, placed->linears);
+    moe_by_expert(a, placed->fused ? placed->fused->linears() : placed->linears);
   }
 }
 

@@ -2,8 +2,9 @@
 // queued on the stream and returns at once; copy_to_host is the only point the host waits. Memory for activations,
 // caches and states comes from the device's stream-ordered pool (cudaMallocAsync, kept cached), weights are copied
 // to the GPU at placement in their on-disk format (EXL3 trellises, bf16, block-fp8), and a model's routed experts
-// become one DeviceExperts when they are EXL3 of one format (the fused path), else a DeviceLinear each (a host
-// round trip per MoE layer reads the routing; the fixtures' and BF16 checkpoints' experts take it).
+// become one DeviceExperts when they are EXL3 of one format (the fused path, for calls of up to 16 tokens: decode),
+// else a DeviceLinear each. Longer calls (prefill) and other experts group their tokens by expert, which reads the
+// routing on the host once per MoE layer.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -81,7 +82,7 @@ public:
 
 private:
   const DeviceLinear& placed_linear(const LinearWeight& weight) const;
-  // The MoE path for experts that are not one EXL3 format: tokens grouped by expert on the host.
+  // The MoE with tokens grouped by expert on the host: each expert's linears over its tokens.
   void moe_by_expert(const MoeArgs& args, const std::vector<DeviceLinear>& linears);
 
   DeviceInfo device_;

@@ -28,6 +28,9 @@ public:
                float swiglu_limit, float* out, Scratch& scratch, cudaStream_t stream) const;
 
   int64_t num_experts() const { return static_cast<int64_t>(linears_.size() / 3); }
+  // Each expert's matrices as single linears: gate, up, down of expert 0, then expert 1, ... (for calls with many
+  // tokens per expert, which read each expert once per 16 of its tokens instead of once per slot).
+  const std::vector<DeviceLinear>& linears() const { return linears_; }
   // Bytes of one expert's three matrices: what one slot reads.
   size_t expert_bytes() const { return expert_bytes_; }
 

@@ -1,0 +1,182 @@
+// `kestrel bench`: the model's own speed on this machine, without the HTTP server. For each context length: every
+// sequence is prefilled with random tokens in chunks (prefill tokens/s), then for each concurrency S the first S
+// sequences decode `--steps` tokens each, a step being one token of every sequence (decode tokens/s over all S, and
+// ms per step). Alongside: the bytes one decoded token reads (the non-routed weights, top_k routed experts per MoE
+// layer, the cache rows the indexer scores and attention reads, the KDA state) and what that is per second at one
+// stream. Sequences decode one after another today (no batched forward yet), so S streams show the scheduling cost,
+// not batching.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <random>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "base/error.h"
+#include "base/log.h"
+#include "cli/commands.h"
+#include "cli/device_option.h"
+#include "formats/dtype.h"
+#include "model/glm5_next.h"
+
+namespace kestrel::cli {
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// Bytes a linear reads per call: the stored matrix (EXL3 trellis and scales, or the dense elements and block scales).
+double matrix_bytes(const LinearWeight& w) {
+  if (w.exl3) {
+    const Exl3Matrix& m = *w.exl3;
+    return static_cast<double>(m.in_padded * m.out_padded * m.bits / 8 + 2 * (m.in_padded + m.out_padded));
+  }
+  double bytes = static_cast<double>(w.out_features * w.in_features) * static_cast<double>(dtype_size(w.dtype));
+  if (w.scale != nullptr) {
+    bytes += static_cast<double>((w.out_features + w.block_rows - 1) / w.block_rows *
+                                 ((w.in_features + w.block_cols - 1) / w.block_cols) * dtype_size(w.scale_dtype));
+  }
+  return bytes;
+}
+
+double mlp_bytes(const MlpWeights& w) {
+  return matrix_bytes(w.gate_proj) + matrix_bytes(w.up_proj) + matrix_bytes(w.down_proj);
+}
+
+// Weight bytes one decoded token reads: every non-routed matrix of the main layers and the head, and top_k routed
+// experts per MoE layer (the embedding contributes one row).
+double weight_bytes_per_token(const Glm5NextModel& model) {
+  const Glm5NextConfig& c = model.config();
+  const Glm5NextWeights& w = model.weights();
+  double bytes = matrix_bytes(w.lm_head) + matrix_bytes(w.embed_tokens) / static_cast<double>(c.vocab_size);
+  for (const LayerWeights& layer : w.layers) {
+    bytes += matrix_bytes(layer.attn_hc.fn) + matrix_bytes(layer.ffn_hc.fn);
+    if (layer.type == LayerType::linear_attention) {
+      const KdaWeights& k = layer.kda;
+      for (const LinearWeight* m : {&k.q_proj, &k.k_proj, &k.v_proj, &k.f_a_proj, &k.f_b_proj, &k.b_proj, &k.g_a_proj,
+                                    &k.g_b_proj, &k.o_proj}) {
+        bytes += matrix_bytes(*m);
+      }
+    } else {
+      const MlaWeights& m = layer.mla;
+      for (const LinearWeight* x : {&m.q_a_proj, &m.q_b_proj, &m.kv_a_proj, &m.kv_b_proj, &m.o_proj}) {
+        bytes += matrix_bytes(*x);
+      }
+      if (m.indexer) {
+        for (const LinearWeight* x : {&m.indexer->wq_b, &m.indexer->wk, &m.indexer->weights_proj,
+                                      &m.indexer->compress_gate}) {
+          bytes += matrix_bytes(*x);
+        }
+      }
+    }
+    if (layer.mlp_type == MlpType::dense) {
+      bytes += mlp_bytes(layer.dense);
+    } else {
+      const ExpertWeights& e = layer.moe.experts.front();
+      bytes += matrix_bytes(layer.moe.router) + mlp_bytes(layer.moe.shared) +
+               static_cast<double>(c.num_experts_per_tok) *
+                   (matrix_bytes(e.gate) + matrix_bytes(e.up) + matrix_bytes(e.down));
+    }
+  }
+  return bytes;
+}
+
+// Cache and state bytes one decoded token reads at `context` tokens: per DSA layer the pooled keys the indexer
+// scores and the latents attention reads; the KDA state, read and written.
+double cache_bytes_per_token(const Glm5NextConfig& c, int64_t context) {
+  const double dsa_layers = static_cast<double>(
+      std::count(c.layer_types.begin(), c.layer_types.end(), LayerType::sparse_attention));
+  const int64_t attended = std::min(context, c.index_topk + c.index_kpool - 1);
+  const double per_layer = static_cast<double>((context / c.index_kpool) * c.index_head_dim + attended * c.kv_lora_rank);
+  return 4.0 * (dsa_layers * per_layer + 2.0 * static_cast<double>(SequenceState::kda_state_size(c)));
+}
+
+}  // namespace
+
+Action add_bench_command(CLI::App& app) {
+  struct Options {
+    std::string model, device = "auto";
+    std::vector<int64_t> contexts{1024}, sequences{1, 4};
+    int64_t steps = 32, chunk = 2048;
+    uint32_t seed = 1;
+  };
+  auto o = std::make_shared<Options>();
+  CLI::App* cmd = app.add_subcommand("bench", "Prefill and decode speed of a model on this machine (no server)");
+  cmd->add_option("--model", o->model, "Checkpoint directory")->required();
+  add_device_option(cmd, o->device);
+  cmd->add_option("--contexts", o->contexts, "Context lengths to decode at (prompt tokens), comma-separated")
+      ->delimiter(',')
+      ->capture_default_str();
+  cmd->add_option("--sequences", o->sequences, "Concurrent sequences to decode, comma-separated")
+      ->delimiter(',')
+      ->capture_default_str();
+  cmd->add_option("--steps", o->steps, "Decode steps per measurement")->capture_default_str();
+  cmd->add_option("--prefill-chunk", o->chunk, "Tokens per prefill forward call")->capture_default_str();
+  cmd->add_option("--seed", o->seed, "Seed of the random tokens")->capture_default_str();
+  return [cmd, o]() -> int {
+    if (!cmd->parsed()) return -1;
+    require(o->steps >= 1, "--steps must be at least 1");
+    require(o->chunk >= 1, "--prefill-chunk must be at least 1");
+    require(!o->contexts.empty() && std::all_of(o->contexts.begin(), o->contexts.end(), [](int64_t n) { return n >= 1; }),
+            "--contexts must be positive");
+    require(!o->sequences.empty() &&
+                std::all_of(o->sequences.begin(), o->sequences.end(), [](int64_t n) { return n >= 1 && n <= 1024; }),
+            "--sequences must be in [1, 1024]");
+    const auto backend = make_backend(o->device);
+    const auto model = Glm5NextModel::load(o->model, *backend);
+    const Glm5NextConfig& c = model->config();
+    std::mt19937 rng(o->seed);
+    std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(c.vocab_size - 1));
+    const double weights = weight_bytes_per_token(*model);
+    std::printf("model %s on %s: %.2f MB of weights read per decoded token\n", o->model.c_str(),
+                std::string(backend->name()).c_str(), weights / 1e6);
+    const int64_t most = *std::max_element(o->sequences.begin(), o->sequences.end());
+    for (const int64_t context : o->contexts) {
+      std::vector<std::unique_ptr<SequenceState>> sequences;
+      double prefill_seconds = 0.0;
+      for (int64_t s = 0; s < most; ++s) {
+        sequences.push_back(model->new_sequence());
+        std::vector<int32_t> prompt(static_cast<size_t>(context));
+        for (int32_t& id : prompt) id = token(rng);
+        const auto start = std::chrono::steady_clock::now();
+        for (size_t begin = 0; begin < prompt.size(); begin += static_cast<size_t>(o->chunk)) {
+          const size_t n = std::min(prompt.size() - begin, static_cast<size_t>(o->chunk));
+          (void)model->forward(*sequences.back(), std::span(prompt).subspan(begin, n), {.all_logits = false});
+        }
+        prefill_seconds += seconds_since(start);
+      }
+      const double cache = cache_bytes_per_token(c, context);
+      std::printf("context %lld: prefill %.1f tokens/s (%lld sequences of %lld tokens, chunks of %lld); cache and "
+                  "state read per decoded token %.2f MB\n",
+                  static_cast<long long>(context), static_cast<double>(most * context) / prefill_seconds,
+                  static_cast<long long>(most), static_cast<long long>(context), static_cast<long long>(o->chunk),
+                  cache / 1e6);
+      for (const auto& sequence : sequences) {  // warm-up: the first decode step of each sequence is not timed
+        const int32_t next = token(rng);
+        (void)model->forward(*sequence, std::span(&next, 1), {.all_logits = false});
+      }
+      for (const int64_t count : o->sequences) {
+        const auto start = std::chrono::steady_clock::now();
+        for (int64_t step = 0; step < o->steps; ++step) {
+          for (int64_t s = 0; s < count; ++s) {
+            const int32_t next = token(rng);
+            (void)model->forward(*sequences[static_cast<size_t>(s)], std::span(&next, 1), {.all_logits = false});
+          }
+        }
+        const double elapsed = seconds_since(start);
+        const double step_seconds = elapsed / static_cast<double>(o->steps);
+        std::printf("  decode, %lld sequences: %.1f tokens/s, %.3f ms per step", static_cast<long long>(count),
+                    static_cast<double>(count * o->steps) / elapsed, step_seconds * 1e3);
+        if (count == 1) std::printf(", %.1f GB/s of weights, cache and state", (weights + cache) / step_seconds / 1e9);
+        std::printf("\n");
+      }
+    }
+    return 0;
+  };
+}
+
+}  // namespace kestrel::cli
