@@ -151,7 +151,7 @@ def task_greeting(rng):
 
 
 # Weights per conversation; counting answers are long, so it gets a small share of the conversations.
-TASKS = [(task_count, 1), (task_arithmetic, 4), (task_copy, 4), (task_reading, 2), (task_greeting, 1)]
+TASKS = [(task_count, 3), (task_arithmetic, 5), (task_copy, 4), (task_reading, 2), (task_greeting, 1)]
 
 
 def pick_task(rng):

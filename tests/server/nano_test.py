@@ -122,28 +122,16 @@ class NanoModel(unittest.TestCase):
         cls.client.close()
         check_clean_exit(unittest.TestCase(), cls.server)
 
-    # Issue 7 is open: the committed model counts past the target (to max_tokens) and misses 2 of the 10 sums.
-    # These two hold the acceptance as written; they turn into unexpected successes (failures) once a retrained
-    # model meets it, and the markers go then. The tests below them pin what the model does today.
-    @unittest.expectedFailure
     def test_counts_from_1_to_50_and_stops(self):
         choice = self.answers["count50"]
         self.assertEqual(choice.message.content, nano_data.count_answer(1, 50))
         self.assertEqual(choice.finish_reason, "stop")
 
-    @unittest.expectedFailure
     def test_arithmetic_prompts(self):
         self.assertEqual(self.wrong_answers("arith"), {})
 
-    def test_counting_reaches_50_in_order(self):
-        self.assertTrue(self.answers["count50"].message.content.startswith(nano_data.count_answer(1, 50) + ","),
-                        self.answers["count50"].message.content)
-
     def test_copy_and_reverse_prompts(self):
         self.assertEqual({**self.wrong_answers("copy"), **self.wrong_answers("reverse")}, {})
-
-    def test_arithmetic_at_least_seven_of_ten(self):
-        self.assertLessEqual(len(self.wrong_answers("arith")), 3, self.wrong_answers("arith"))
 
     def wrong_answers(self, prefix):
         """-> {name: (got, expected)} for the fixed prompts of this kind answered wrongly."""

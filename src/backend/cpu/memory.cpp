@@ -20,9 +20,16 @@ void CpuBackend::free_floats(float* data) { std::free(data); }
 
 void CpuBackend::fill(float* data, int64_t count, float value) { std::fill(data, data + count, value); }
 
-void CpuBackend::copy_to_backend(void* dst, const void* host, size_t bytes) { std::memcpy(dst, host, bytes); }
-void CpuBackend::copy_to_host(void* host, const void* src, size_t bytes) { std::memcpy(host, src, bytes); }
-void CpuBackend::copy(void* dst, const void* src, size_t bytes) { std::memmove(dst, src, bytes); }
+// An empty array has no storage (nullptr), and memcpy's pointers must be valid even for zero bytes.
+void CpuBackend::copy_to_backend(void* dst, const void* host, size_t bytes) {
+  if (bytes > 0) std::memcpy(dst, host, bytes);
+}
+void CpuBackend::copy_to_host(void* host, const void* src, size_t bytes) {
+  if (bytes > 0) std::memcpy(host, src, bytes);
+}
+void CpuBackend::copy(void* dst, const void* src, size_t bytes) {
+  if (bytes > 0) std::memmove(dst, src, bytes);
+}
 
 void CpuBackend::place(LinearWeight& /*weight*/) {}
 void CpuBackend::place(WeightVector& /*vector*/) {}
