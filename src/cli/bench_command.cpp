@@ -3,8 +3,8 @@
 // sequences decode `--steps` tokens each, a step being one token of every sequence (decode tokens/s over all S, and
 // ms per step). Alongside: the bytes one decoded token reads (the non-routed weights, top_k routed experts per MoE
 // layer, the cache rows the indexer scores and attention reads, the KDA state) and what that is per second at one
-// stream. Sequences decode one after another today (no batched forward yet), so S streams show the scheduling cost,
-// not batching.
+// stream. A decode step of S sequences is one batched forward pass (Glm5NextModel::forward_batch), as the engine
+// runs it.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -161,11 +161,14 @@ Action add_bench_command(CLI::App& app) {
       }
       for (const int64_t count : o->sequences) {
         const auto start = std::chrono::steady_clock::now();
+        std::vector<int32_t> next(static_cast<size_t>(count));
+        std::vector<SequenceCall> calls(static_cast<size_t>(count));
         for (int64_t step = 0; step < o->steps; ++step) {
-          for (int64_t s = 0; s < count; ++s) {
-            const int32_t next = token(rng);
-            (void)model->forward(*sequences[static_cast<size_t>(s)], std::span(&next, 1), {.all_logits = false});
+          for (size_t s = 0; s < calls.size(); ++s) {
+            next[s] = token(rng);
+            calls[s] = SequenceCall{.sequence = sequences[s].get(), .tokens = std::span(&next[s], 1)};
           }
+          (void)model->forward_batch(calls, {.all_logits = false});
         }
         const double elapsed = seconds_since(start);
         const double step_seconds = elapsed / static_cast<double>(o->steps);

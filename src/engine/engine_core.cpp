@@ -12,14 +12,23 @@ namespace kestrel {
 
 namespace {
 
-// On a backend with a device memory of its own and no block count requested: one forward of a cache block of tokens
-// on a scratch sequence first (the longest forward call the runner makes), so that what the activations take is in
-// use when the cache is sized, as vLLM's profile run does; then the device's memory.
+// On a backend with a device memory of its own and no block count requested: first the largest forward pass the
+// runner makes (the first block of as many prompts as one step takes, each on a scratch sequence), so that what the
+// activations take is in use when the cache is sized, as vLLM's profile run does; then the device's memory.
 std::optional<DeviceMemory> profiled_device_memory(Glm5NextModel& model, const EngineConfig& config) {
   if (config.num_blocks != 0 || !model.backend().device_memory()) return std::nullopt;
   {
-    const auto sequence = model.new_sequence();
-    (void)model.forward(*sequence, std::vector<int32_t>(static_cast<size_t>(std::max<int64_t>(config.block_size, 1)), 0));
+    const int64_t block = std::max<int64_t>(config.block_size, 1);
+    const int64_t count = std::clamp<int64_t>((config.max_num_batched_tokens + block - 1) / block, 1,
+                                              std::max<int64_t>(config.max_num_seqs, 1));
+    const std::vector<int32_t> tokens(static_cast<size_t>(block), 0);
+    std::vector<std::unique_ptr<SequenceState>> sequences;
+    std::vector<SequenceCall> calls;
+    for (int64_t i = 0; i < count; ++i) {
+      sequences.push_back(model.new_sequence());
+      calls.push_back(SequenceCall{.sequence = sequences.back().get(), .tokens = tokens});
+    }
+    (void)model.forward_batch(calls, ForwardOptions{.all_logits = false});
   }
   return model.backend().device_memory();
 }
@@ -28,8 +37,8 @@ std::optional<DeviceMemory> profiled_device_memory(Glm5NextModel& model, const E
 
 EngineCore::EngineCore(Glm5NextModel& model, const EngineConfig& config)
     : EngineCore(model.config(), model.backend(),
-                 [&model](SequenceState& sequence, std::span<const int32_t> tokens) {
-                   return model.forward(sequence, tokens, ForwardOptions{.all_logits = false});
+                 [&model](std::span<const SequenceCall> calls) {
+                   return model.forward_batch(calls, ForwardOptions{.all_logits = false});
                  },
                  config, profiled_device_memory(model, config)) {}
 

@@ -1,13 +1,17 @@
-// The model runner: computes the chunks the scheduler picked, one sequence at a time through the model's forward
-// (the CPU forward is per sequence), and takes the KDA snapshots the cache manager planned. A chunk is split into
-// forward calls by a rule that depends only on the request's tokens: within the prompt one call per cache block (so
-// every block boundary is a point where the KDA state can be snapshot), after the prompt one call per token.
+// The model runner: computes the chunks the scheduler picked through the model's forward, and takes the KDA snapshots
+// the cache manager planned. A chunk is split into forward calls by a rule that depends only on the request's tokens:
+// within the prompt one call per cache block (so every block boundary is a point where the KDA state can be
+// snapshot), after the prompt one call per token.
 //
-// Chunks of at most one block run in parallel across sequences on the global thread pool (each forward then runs its
-// ops serially in one worker, which gives the same results: every op reduces each output element in a fixed order in
-// one thread); longer chunks run one after another with the pool inside each op. This relies on the forward being
-// re-entrant across sequences — Glm5NextModel::forward touches only its sequence, its read-only weights and a
-// stateless backend — and on block tables being sized beforehand (CacheManager::allocate), so no forward allocates.
+// Two ways to run a step, by backend:
+// - batched (a GPU): in rounds, each round one forward pass over the next call of every unfinished chunk, so that
+//   the decode steps of all running sequences (and the next block of each prefill) read the weights once;
+// - parallel (the CPU): chunks of at most one block run on the global thread pool, one sequence per worker (each
+//   forward then runs its ops serially in one worker, which gives the same results: every op reduces each output
+//   element in a fixed order in one thread); longer chunks run one after another with the pool inside each op. This
+//   relies on the forward being re-entrant across sequences — Glm5NextModel's forward touches only its sequences,
+//   its read-only weights and a stateless backend — and on block tables being sized beforehand
+//   (CacheManager::allocate), so no forward allocates.
 #pragma once
 
 #include <cstdint>
@@ -16,14 +20,14 @@
 #include <vector>
 
 #include "engine/scheduler.h"
-#include "model/sequence_state.h"
+#include "model/glm5_next.h"
 
 namespace kestrel {
 
 class ModelRunner {
 public:
-  // Appends `tokens` to the sequence and returns the logits of the last one, [vocab].
-  using Forward = std::function<std::vector<float>(SequenceState& sequence, std::span<const int32_t> tokens)>;
+  // Appends each call's tokens to its sequence in one pass; entry i holds the logits of call i's last token, [vocab].
+  using Forward = std::function<std::vector<std::vector<float>>(std::span<const SequenceCall> calls)>;
 
   ModelRunner(Forward forward, int64_t block_size, bool parallel_sequences);
 
@@ -31,7 +35,21 @@ public:
   std::vector<std::vector<float>> execute(const SchedulerOutput& output);
 
 private:
+  // A chunk under way: the start of its next forward call and its next planned snapshot.
+  struct Cursor {
+    const ScheduledChunk* chunk;
+    int64_t position;
+    size_t snapshot = 0;
+    std::vector<float> logits;
+    bool done() const { return position == chunk->end; }
+  };
+  Cursor start(const ScheduledChunk& chunk) const;
+  SequenceCall next_call(const Cursor& cursor) const;
+  // Records a finished call's logits and takes the snapshots due where it ended.
+  static void advance(Cursor& cursor, int64_t end, std::vector<float> logits);
   std::vector<float> run_chunk(const ScheduledChunk& chunk);
+  std::vector<std::vector<float>> execute_batched(const SchedulerOutput& output);
+  std::vector<std::vector<float>> execute_parallel(const SchedulerOutput& output);
 
   Forward forward_;
   int64_t block_size_;

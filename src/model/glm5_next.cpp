@@ -1,6 +1,7 @@
 // GLM-5.3-Flash forward, top to bottom. Mirrors transformers' Glm5NextTextModel (5.17): embedding copied into hc_mult
 // streams; per layer an mHC site around the token mixer (KDA or NoPE MLA with the DSA indexer) and one around the FFN
-// (dense or MoE); the streams' mean, the final norm and lm_head. Shapes: T new tokens, D hidden.
+// (dense or MoE); the streams' mean, the final norm and lm_head. Shapes: T new tokens of all the pass's sequences
+// (each sequence's tokens consecutive), D hidden.
 #include "model/glm5_next.h"
 
 #include <algorithm>
@@ -33,14 +34,37 @@ std::unique_ptr<SequenceState> Glm5NextModel::new_sequence() {
 
 std::vector<float> Glm5NextModel::forward(SequenceState& sequence, std::span<const int32_t> tokens,
                                           const ForwardOptions& options) {
+  const SequenceCall call{.sequence = &sequence, .tokens = tokens};
+  return std::move(forward_batch(std::span(&call, 1), options).front());
+}
+
+std::vector<std::vector<float>> Glm5NextModel::forward_batch(std::span<const SequenceCall> calls,
+                                                             const ForwardOptions& options) {
   const Glm5NextConfig& c = config_;
-  const auto T = static_cast<int64_t>(tokens.size());
   const int64_t D = c.hidden_size, hc = c.hc_mult;
-  if (T == 0) return {};
-  for (const int32_t id : tokens) {
-    require(id >= 0 && id < c.vocab_size, "token id {} is outside the vocabulary [0, {})", id, c.vocab_size);
+  // Everything is checked before any sequence changes.
+  std::vector<CallRows> rows;  // the calls with tokens, in order
+  std::vector<size_t> call_of_rows;
+  std::vector<int32_t> tokens;
+  for (size_t i = 0; i < calls.size(); ++i) {
+    const SequenceCall& call = calls[i];
+    for (const int32_t id : call.tokens) {
+      require(id >= 0 && id < c.vocab_size, "token id {} is outside the vocabulary [0, {})", id, c.vocab_size);
+    }
+    for (size_t j = 0; j < i; ++j) {
+      require(calls[j].sequence != call.sequence, "a batched forward names one sequence twice (calls {} and {})", j, i);
+    }
+    if (call.tokens.empty()) continue;
+    rows.push_back(CallRows{.sequence = call.sequence,
+                            .start = call.sequence->num_tokens(),
+                            .offset = static_cast<int64_t>(tokens.size()),
+                            .count = static_cast<int64_t>(call.tokens.size())});
+    call_of_rows.push_back(i);
+    tokens.insert(tokens.end(), call.tokens.begin(), call.tokens.end());
   }
-  const int64_t start = sequence.num_tokens();
+  std::vector<std::vector<float>> logits(calls.size());
+  const auto T = static_cast<int64_t>(tokens.size());
+  if (T == 0) return logits;
   const MhcShape mhc{.num_tokens = T,
                      .hc_mult = hc,
                      .hidden = D,
@@ -49,10 +73,10 @@ std::vector<float> Glm5NextModel::forward(SequenceState& sequence, std::span<con
                      .sinkhorn_iters = c.hc_sinkhorn_iters};
   const auto eps = static_cast<float>(c.rms_norm_eps);
 
-  sequence.reserve(start + T);
+  for (const CallRows& call : rows) call.sequence->reserve(call.start + call.count);
   Workspace ws(backend_);
   int32_t* ids = ws.int32s(T);
-  backend_.copy_to_backend(ids, tokens.data(), tokens.size_bytes());
+  backend_.copy_to_backend(ids, tokens.data(), tokens.size() * sizeof(int32_t));
   float* x = ws.floats(T * D);             // [T, D] embeddings, then each sub-block's collapsed input
   float* streams = ws.floats(T * hc * D);  // [T, hc, D] the residual streams
   float* normed = ws.floats(T * D);
@@ -71,9 +95,9 @@ std::vector<float> Glm5NextModel::forward(SequenceState& sequence, std::span<con
     backend_.mhc_pre(mhc, layer.attn_hc, streams, post, comb, x);
     backend_.rms_norm(x, T, D, layer.input_norm.data(), eps, normed);
     if (layer.type == LayerType::linear_attention) {
-      kda_block(ws, layer.kda, sequence.kda(i), normed, T, block_out);
+      kda_block(ws, layer.kda, i, rows, normed, T, block_out);
     } else {
-      mla_block(ws, layer.mla, sequence.mla(i), start, normed, T, selection, block_out);
+      mla_block(ws, layer.mla, i, rows, normed, T, selection, block_out);
     }
     backend_.mhc_post(mhc, post, comb, block_out, streams);
 
@@ -86,22 +110,33 @@ std::vector<float> Glm5NextModel::forward(SequenceState& sequence, std::span<con
     }
     backend_.mhc_post(mhc, post, comb, block_out, streams);
   }
-  sequence.advance(T);
+  for (const CallRows& call : rows) call.sequence->advance(call.count);
 
-  // Final collapse is a plain mean of the streams, then the norm and the head.
-  const int64_t rows = options.all_logits ? T : 1;
-  const float* last_streams = streams + (T - rows) * hc * D;
-  backend_.stream_mean(last_streams, rows, hc, D, x);
-  backend_.rms_norm(x, rows, D, weights_.final_norm.data(), eps, normed);
-  float* head = ws.floats(rows * c.vocab_size);
-  backend_.linear(normed, rows, weights_.lm_head, head);
-  std::vector<float> logits(static_cast<size_t>(rows * c.vocab_size));
-  backend_.copy_to_host(logits.data(), head, logits.size() * sizeof(float));
+  // Final collapse is a plain mean of the streams, then the norm and the head: for every row, or each call's last.
+  const int64_t head_rows = options.all_logits ? T : static_cast<int64_t>(rows.size());
+  if (options.all_logits) {
+    backend_.stream_mean(streams, T, hc, D, x);
+  } else {
+    for (size_t k = 0; k < rows.size(); ++k) {
+      const int64_t last = rows[k].offset + rows[k].count - 1;
+      backend_.stream_mean(streams + last * hc * D, 1, hc, D, x + static_cast<int64_t>(k) * D);
+    }
+  }
+  backend_.rms_norm(x, head_rows, D, weights_.final_norm.data(), eps, normed);
+  float* head = ws.floats(head_rows * c.vocab_size);
+  backend_.linear(normed, head_rows, weights_.lm_head, head);
+  std::vector<float> host(static_cast<size_t>(head_rows * c.vocab_size));
+  backend_.copy_to_host(host.data(), head, host.size() * sizeof(float));
+  for (size_t k = 0; k < rows.size(); ++k) {
+    const int64_t first = options.all_logits ? rows[k].offset : static_cast<int64_t>(k);
+    const int64_t count = options.all_logits ? rows[k].count : 1;
+    logits[call_of_rows[k]].assign(host.begin() + first * c.vocab_size, host.begin() + (first + count) * c.vocab_size);
+  }
   return logits;
 }
 
-void Glm5NextModel::kda_block(Workspace& ws, const KdaWeights& w, KdaLayerState& state, const float* x, int64_t T,
-                              float* out) {
+void Glm5NextModel::kda_block(Workspace& ws, const KdaWeights& w, int64_t layer, std::span<const CallRows> calls,
+                              const float* x, int64_t T, float* out) {
   const Glm5NextConfig& c = config_;
   const int64_t H = c.linear_num_heads, Dh = c.linear_head_dim, C = H * Dh, K = c.linear_conv_kernel_dim;
   const Workspace::Frame frame(ws);
@@ -114,10 +149,13 @@ void Glm5NextModel::kda_block(Workspace& ws, const KdaWeights& w, KdaLayerState&
   backend_.linear(x, T, w.q_proj, q_in);
   backend_.linear(x, T, w.k_proj, k_in);
   backend_.linear(x, T, w.v_proj, v_in);
-  float* conv_state = state.conv.data();  // [3, K-1, C]
-  backend_.causal_conv_silu(q_in, T, C, K, w.q_conv.data(), conv_state, q);
-  backend_.causal_conv_silu(k_in, T, C, K, w.k_conv.data(), conv_state + (K - 1) * C, k);
-  backend_.causal_conv_silu(v_in, T, C, K, w.v_conv.data(), conv_state + 2 * (K - 1) * C, v);
+  for (const CallRows& call : calls) {
+    float* conv_state = call.sequence->kda(layer).conv.data();  // [3, K-1, C]
+    const int64_t r = call.offset * C;
+    backend_.causal_conv_silu(q_in + r, call.count, C, K, w.q_conv.data(), conv_state, q + r);
+    backend_.causal_conv_silu(k_in + r, call.count, C, K, w.k_conv.data(), conv_state + (K - 1) * C, k + r);
+    backend_.causal_conv_silu(v_in + r, call.count, C, K, w.v_conv.data(), conv_state + 2 * (K - 1) * C, v + r);
+  }
 
   // Forget gate g [T, H, Dh] (log-decay per key channel) and write strength beta [T, H].
   float* f_low = ws.floats(T * Dh);
@@ -132,12 +170,16 @@ void Glm5NextModel::kda_block(Workspace& ws, const KdaWeights& w, KdaLayerState&
   backend_.sigmoid(beta, T * H);
 
   float* attended = ws.floats(T * C);
-  const KdaArgs args{.num_tokens = T, .num_heads = H, .head_dim = Dh, .q = q, .k = k, .v = v, .g = g, .beta = beta,
-                     .state = state.recurrent.data(), .out = attended};
-  if (T == 1) {
-    backend_.kda_recurrent(args);
-  } else {
-    backend_.kda_chunked(args, 64);
+  for (const CallRows& call : calls) {
+    const int64_t r = call.offset * C;
+    const KdaArgs args{.num_tokens = call.count, .num_heads = H, .head_dim = Dh, .q = q + r, .k = k + r, .v = v + r,
+                       .g = g + r, .beta = beta + call.offset * H,
+                       .state = call.sequence->kda(layer).recurrent.data(), .out = attended + r};
+    if (call.count == 1) {
+      backend_.kda_recurrent(args);
+    } else {
+      backend_.kda_chunked(args, 64);
+    }
   }
 
   // Output gate: per-head RMSNorm of the attended values times sigmoid(g_b(g_a(x))), then o_proj.
@@ -150,8 +192,8 @@ void Glm5NextModel::kda_block(Workspace& ws, const KdaWeights& w, KdaLayerState&
   backend_.linear(gated, T, w.o_proj, out);
 }
 
-void Glm5NextModel::mla_block(Workspace& ws, const MlaWeights& w, MlaLayerState& state, int64_t start, const float* x,
-                              int64_t T, Selection& selection, float* out) {
+void Glm5NextModel::mla_block(Workspace& ws, const MlaWeights& w, int64_t layer, std::span<const CallRows> calls,
+                              const float* x, int64_t T, Selection& selection, float* out) {
   const Glm5NextConfig& c = config_;
   const int64_t H = c.num_attention_heads, rank = c.kv_lora_rank;
   const auto eps = static_cast<float>(c.rms_norm_eps);
@@ -167,10 +209,13 @@ void Glm5NextModel::mla_block(Workspace& ws, const MlaWeights& w, MlaLayerState&
   // The cached latent: c = RMSNorm(kv_a_proj x), one row of kv_lora_rank per token.
   float* kv_low = ws.floats(T * rank);
   backend_.linear(x, T, w.kv_a_proj, kv_low);
-  for (int64_t t = 0; t < T;) {
-    const RowRun run = state.latents.append_run(T - t);
-    backend_.rms_norm(kv_low + t * rank, run.count, rank, w.kv_a_norm.data(), eps, run.rows);
-    t += run.count;
+  for (const CallRows& call : calls) {
+    MlaLayerState& state = call.sequence->mla(layer);
+    for (int64_t t = 0; t < call.count;) {
+      const RowRun run = state.latents.append_run(call.count - t);
+      backend_.rms_norm(kv_low + (call.offset + t) * rank, run.count, rank, w.kv_a_norm.data(), eps, run.rows);
+      t += run.count;
+    }
   }
 
   if (w.indexer) {
@@ -182,55 +227,62 @@ void Glm5NextModel::mla_block(Workspace& ws, const MlaWeights& w, MlaLayerState&
     float* iw = ws.floats(T * IH);
     backend_.linear(x, T, ix.wk, keys);
     backend_.linear(x, T, ix.compress_gate, gates);
-    for (int64_t t = 0; t < T;) {
-      const RowRun run = state.index_keys.append_run(T - t);
-      backend_.layer_norm(keys + t * dim, run.count, dim, ix.k_norm_weight.data(), ix.k_norm_bias.data(), 1e-6f,
-                          run.rows);
-      backend_.copy(state.index_gates.append_run(run.count).rows, gates + t * dim,
-                    static_cast<size_t>(run.count * dim) * sizeof(float));
-      t += run.count;
-    }
-    // Pools completed by these tokens are compressed once and kept.
-    for (int64_t pool = state.pooled_keys.size(); (pool + 1) * c.index_kpool <= start + T; ++pool) {
-      backend_.kpool_compress(state.index_keys, state.index_gates, ix.compress_ape.data(), pool, c.index_kpool,
-                              state.pooled_keys.append());
+    for (const CallRows& call : calls) {
+      MlaLayerState& state = call.sequence->mla(layer);
+      for (int64_t t = 0; t < call.count;) {
+        const RowRun run = state.index_keys.append_run(call.count - t);
+        const int64_t row = (call.offset + t) * dim;
+        backend_.layer_norm(keys + row, run.count, dim, ix.k_norm_weight.data(), ix.k_norm_bias.data(), 1e-6f,
+                            run.rows);
+        backend_.copy(state.index_gates.append_run(run.count).rows, gates + row,
+                      static_cast<size_t>(run.count * dim) * sizeof(float));
+        t += run.count;
+      }
+      // Pools completed by these tokens are compressed once and kept.
+      for (int64_t pool = state.pooled_keys.size(); (pool + 1) * c.index_kpool <= call.start + call.count; ++pool) {
+        backend_.kpool_compress(state.index_keys, state.index_gates, ix.compress_ape.data(), pool, c.index_kpool,
+                                state.pooled_keys.append());
+      }
     }
     backend_.linear(q_resid, T, ix.wq_b, iq);
     backend_.linear(x, T, ix.weights_proj, iw);
     backend_.scale(iw, T * IH, 1.0f / std::sqrt(static_cast<float>(IH)));
-    const IndexerArgs args{.num_tokens = T,
-                           .start = start,
-                           .num_heads = IH,
-                           .head_dim = dim,
-                           .kpool = c.index_kpool,
-                           .topk_pools = c.index_topk / c.index_kpool,
-                           .select_tail = c.index_kpool_always_select_tail && c.index_kpool > 1,
-                           .query = iq,
-                           .weights = iw,
-                           .pooled_keys = &state.pooled_keys,
-                           .positions = selection.positions,
-                           .counts = selection.counts,
-                           .positions_stride = selection.stride};
-    backend_.indexer_select(args);
+    for (const CallRows& call : calls) {
+      backend_.indexer_select(IndexerArgs{.num_tokens = call.count,
+                                          .start = call.start,
+                                          .num_heads = IH,
+                                          .head_dim = dim,
+                                          .kpool = c.index_kpool,
+                                          .topk_pools = c.index_topk / c.index_kpool,
+                                          .select_tail = c.index_kpool_always_select_tail && c.index_kpool > 1,
+                                          .query = iq + call.offset * IH * dim,
+                                          .weights = iw + call.offset * IH,
+                                          .pooled_keys = &call.sequence->mla(layer).pooled_keys,
+                                          .positions = selection.positions + call.offset * selection.stride,
+                                          .counts = selection.counts + call.offset,
+                                          .positions_stride = selection.stride});
+    }
     selection.made = true;
   }
 
   // A shared layer reuses the selection of the full layer before it (config validation guarantees there is one).
   require(selection.made, "DSA layer has no token selection to reuse");
   float* attended = ws.floats(T * H * c.v_head_dim);
-  backend_.sparse_mla_attention(SparseMlaArgs{.num_tokens = T,
-                                              .num_heads = H,
-                                              .qk_head_dim = c.qk_head_dim,
-                                              .v_head_dim = c.v_head_dim,
-                                              .kv_lora_rank = rank,
-                                              .scale = 1.0f / std::sqrt(static_cast<float>(c.qk_head_dim)),
-                                              .query = query,
-                                              .kv_b = &w.kv_b_proj,
-                                              .latents = &state.latents,
-                                              .positions = selection.positions,
-                                              .counts = selection.counts,
-                                              .positions_stride = selection.stride,
-                                              .out = attended});
+  for (const CallRows& call : calls) {
+    backend_.sparse_mla_attention(SparseMlaArgs{.num_tokens = call.count,
+                                                .num_heads = H,
+                                                .qk_head_dim = c.qk_head_dim,
+                                                .v_head_dim = c.v_head_dim,
+                                                .kv_lora_rank = rank,
+                                                .scale = 1.0f / std::sqrt(static_cast<float>(c.qk_head_dim)),
+                                                .query = query + call.offset * H * c.qk_head_dim,
+                                                .kv_b = &w.kv_b_proj,
+                                                .latents = &call.sequence->mla(layer).latents,
+                                                .positions = selection.positions + call.offset * selection.stride,
+                                                .counts = selection.counts + call.offset,
+                                                .positions_stride = selection.stride,
+                                                .out = attended + call.offset * H * c.v_head_dim});
+  }
   backend_.linear(attended, T, w.o_proj, out);
 }
 

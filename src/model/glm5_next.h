@@ -1,7 +1,10 @@
 // The GLM-5.3-Flash (`glm5_next`) text model: loads a checkpoint directory and runs the forward pass on a backend.
 // forward() appends tokens to a sequence: a multi-token call is a prefill (KDA in chunked form), a one-token call a
 // decode step (KDA recurrent form); both read and extend the sequence's caches, so any split of a sequence into calls
-// yields the same logits as one call over the whole sequence.
+// yields the same logits as one call over the whole sequence. forward_batch() runs calls of several sequences as one
+// pass: the per-token work (projections, experts, mHC, norms, the head) on all their tokens together, so each weight
+// is read once per pass, and only the state-bound steps (convolution, KDA recurrence, cache appends, the indexer,
+// attention) per sequence.
 #pragma once
 
 #include <cstdint>
@@ -35,6 +38,12 @@ struct ForwardOptions {
   bool all_logits = true;  // logits for every new token, else only for the last one
 };
 
+// One sequence's part of a batched forward: tokens appended after its current contents.
+struct SequenceCall {
+  SequenceState* sequence;
+  std::span<const int32_t> tokens;
+};
+
 class Glm5NextModel {
 public:
   // Reads config.json and the weights of `dir`; throws Error naming the file and tensor on any problem.
@@ -50,6 +59,9 @@ public:
   // [T, vocab] (or [1, vocab] with all_logits = false). Token ids outside [0, vocab) are an Error.
   std::vector<float> forward(SequenceState& sequence, std::span<const int32_t> tokens,
                              const ForwardOptions& options = {});
+  // The same for several distinct sequences in one pass: entry i holds call i's logits as forward() returns them.
+  // Calls with no tokens get none; a sequence named twice is an Error.
+  std::vector<std::vector<float>> forward_batch(std::span<const SequenceCall> calls, const ForwardOptions& options = {});
 
   // Installs (or, with nullptr, removes) the input observer; the forward pays nothing extra without one.
   void set_input_observer(LinearInputObserver* observer) { observer_ = observer; }
@@ -57,9 +69,17 @@ public:
 private:
   Glm5NextModel(Glm5NextConfig config, Checkpoint checkpoint, Backend& backend);
 
-  // Each block reads the normalised sub-block input x [T, hidden] and writes its output [T, hidden]; its temporaries
-  // come from the forward's workspace and go back to it when the block returns.
-  void kda_block(Workspace& ws, const KdaWeights& w, KdaLayerState& state, const float* x, int64_t T, float* out);
+  // Where a call's tokens sit among the pass's rows.
+  struct CallRows {
+    SequenceState* sequence;
+    int64_t start;   // tokens the sequence held before the pass
+    int64_t offset;  // first row of the pass
+    int64_t count;
+  };
+  // Each block reads the normalised sub-block input x [T, hidden] of all the pass's rows and writes its output
+  // [T, hidden]; its temporaries come from the forward's workspace and go back to it when the block returns.
+  void kda_block(Workspace& ws, const KdaWeights& w, int64_t layer, std::span<const CallRows> calls, const float* x,
+                 int64_t T, float* out);
   // The DSA positions each new token attends to: made by a full indexer layer, reused by the shared ones after it.
   struct Selection {
     int32_t* positions;  // [T, stride]
@@ -67,8 +87,8 @@ private:
     int64_t stride;
     bool made;
   };
-  void mla_block(Workspace& ws, const MlaWeights& w, MlaLayerState& state, int64_t start, const float* x, int64_t T,
-                 Selection& selection, float* out);
+  void mla_block(Workspace& ws, const MlaWeights& w, int64_t layer, std::span<const CallRows> calls, const float* x,
+                 int64_t T, Selection& selection, float* out);
   void mlp_block(Workspace& ws, const MlpWeights& w, const float* x, int64_t T, float* out);
   void moe_block(Workspace& ws, const MoeWeights& w, const float* x, int64_t T, float* out);
   // Recomputes each routed expert's inputs for the observer (outside the backend's fused expert op).

@@ -85,8 +85,9 @@ TEST(CudaLinearTest, Exl3ResultsDoNotDependOnTiming) {
 
 TEST(CudaLinearTest, DenseMatchesCpuForEachWeightType) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  // in = 512 takes the 16-byte vector loads for every type; in = 300 the scalar loop for f16/bf16.
-  for (const int64_t in : {300, 512}) {
+  // in = 512 and 4096 take the 16-byte vector loads for every type (4096: every unrolled load in use); in = 300 the
+  // scalar loop for f16/bf16. Token counts cover one pass of each size class and a pass and a remainder.
+  for (const int64_t in : {300, 512, 4096}) {
     const int64_t out = 77;
     const std::vector<float> w = random_values(static_cast<size_t>(out * in), 3);
     std::vector<uint16_t> bf16(w.size()), f16(w.size());
@@ -99,7 +100,7 @@ TEST(CudaLinearTest, DenseMatchesCpuForEachWeightType) {
     for (const auto& [dtype, data] : cases) {
       const LinearWeight weight{.name = "dense", .dtype = dtype, .out_features = out, .in_features = in,
                                 .data = static_cast<const std::byte*>(data)};
-      for (const int64_t tokens : {1, 5, 17}) {
+      for (const int64_t tokens : {1, 4, 5, 8, 17}) {
         const std::vector<float> x = random_values(static_cast<size_t>(tokens * in), 11);
         EXPECT_LT(relative_difference(gpu_linear(weight, x, tokens), cpu_linear(weight, x, tokens)), kDenseTolerance)
             << dtype_name(dtype) << " in " << in << " tokens " << tokens;
@@ -111,10 +112,10 @@ TEST(CudaLinearTest, DenseMatchesCpuForEachWeightType) {
 TEST(CudaLinearTest, BlockFp8MatchesCpuForEachScaleType) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   // 300 rows: a ragged last row block. in = 512 and 400 (a ragged 16-column last block) take the vector path,
-  // in = 300 the scalar loop.
+  // in = 300 the scalar loop, in = 8192 the vector path with k split over blocks (dense_splits).
   const int64_t out = 300, block = 128;
   std::mt19937 rng(21);
-  for (const int64_t in : {512, 400, 300}) {
+  for (const int64_t in : {512, 400, 300, 8192}) {
     std::vector<uint8_t> codes(static_cast<size_t>(out * in));
     for (uint8_t& c : codes) {
       do c = static_cast<uint8_t>(rng()); while ((c & 0x7F) == 0x7F);  // every finite e4m3 code (0x7F/0xFF are NaN)
@@ -136,6 +137,18 @@ TEST(CudaLinearTest, BlockFp8MatchesCpuForEachScaleType) {
       }
     }
   }
+}
+
+// Few long rows (the mHC mixes: 24 x 16384) are split along k so that they occupy the GPU; tall matrices are not.
+// Host arithmetic only: runs without a GPU.
+TEST(CudaLinearTest, FewRowsAreSplitAlongK) {
+  EXPECT_EQ(dense_splits(DenseWeightType::bf16, 24, 16384), 16);  // 3 row blocks; 16 whole warp passes per row
+  EXPECT_EQ(dense_splits(DenseWeightType::bf16, 77, 4096), 4);
+  EXPECT_EQ(dense_splits(DenseWeightType::f8_e4m3, 300, 8192), 4);
+  EXPECT_EQ(dense_splits(DenseWeightType::bf16, 154880, 4096), 1);  // lm_head: rows enough
+  EXPECT_EQ(dense_splits(DenseWeightType::bf16, 77, 512), 1);       // under two passes per row
+  EXPECT_EQ(dense_scratch_floats(DenseWeightType::bf16, 24, 16384), 16 * 8 * 24);
+  EXPECT_EQ(dense_scratch_floats(DenseWeightType::bf16, 154880, 4096), 0);
 }
 
 TEST(CudaLinearTest, Fp8BlocksTheKernelCannotTakeAreRefusedWithTheName) {

@@ -235,8 +235,9 @@ TEST(CudaDsaTest, SparseMlaAttentionMatchesCpu) {
                             .in_features = rank, .data = static_cast<const std::byte*>(kv_b_data)};
     const DeviceMlaWeights weights = DeviceMlaWeights::upload(kv_b, H, qk, vd);
     // Positions 0..4 without the tail (the first three attend to nothing), then positions 5997..5999 of a 6000-token
-    // context: 512 of 1500 pools and tails of 2, 3 and 0 positions (up to 2051 positions).
-    for (const Step step : {Step{0, 5}, Step{5997, 3}}) {
+    // context: 512 of 1500 pools and tails of 2, 3 and 0 positions (up to 2051 positions), then 16 tokens at
+    // 100..115. Split into parts (sparse_mla_splits) but for 16 tokens of 64 heads, which fill the GPU as they are.
+    for (const Step step : {Step{0, 5}, Step{5997, 3}, Step{100, 16}}) {
       const int64_t T = step.num_tokens, tokens = step.start + T, pools = tokens / kKpool;
       ScatteredTable seq(blocks_for(tokens));
       RowBlockPool latent_pool(host(), rank, kBlockTokens), pooled_pool(host(), kNanoIndexer.head_dim, kBlockTokens / kKpool);
@@ -268,6 +269,9 @@ TEST(CudaDsaTest, SparseMlaAttentionMatchesCpu) {
       const DeviceBuffer query_dev = to_device(query), positions_dev = to_device(positions);
       const DeviceBuffer counts_dev = to_device(counts);
       DeviceBuffer out(expected.size() * sizeof(float));
+      const int64_t scratch_floats = sparse_mla_scratch_floats(T, H, stride, rank);
+      EXPECT_EQ(scratch_floats == 0, T == 16 && H == 64);
+      DeviceBuffer scratch(static_cast<size_t>(std::max<int64_t>(scratch_floats, 1)) * sizeof(float));
       check(sparse_mla_attention(SparseMlaDeviceArgs{.num_tokens = T, .num_heads = H, .qk_head_dim = qk,
                                                      .v_head_dim = vd, .kv_lora_rank = rank, .scale = scale,
                                                      .query = query_dev.as<float>(),
@@ -275,7 +279,7 @@ TEST(CudaDsaTest, SparseMlaAttentionMatchesCpu) {
                                                      .w_uv = weights.w_uv.as<float>(), .latents = latents_dev.view,
                                                      .positions = positions_dev.as<int32_t>(),
                                                      .counts = counts_dev.as<int32_t>(), .positions_stride = stride,
-                                                     .out = out.as<float>()},
+                                                     .out = out.as<float>(), .scratch = scratch.as<float>()},
                                  nullptr),
             "sparse_mla_attention");
       EXPECT_LT(relative_difference(to_host<float>(out), expected), kAttentionTolerance)
@@ -299,6 +303,9 @@ TEST(CudaDsaTest, BadShapesAreRefused) {
   const SparseMlaDeviceArgs mla{.num_tokens = 1, .num_heads = 64, .qk_head_dim = 256, .v_head_dim = 256,
                                 .kv_lora_rank = 512, .latents = empty};
   EXPECT_EQ(sparse_mla_attention(mla, nullptr), cudaErrorInvalidValue);  // latents 128 wide, rank 512
+  EXPECT_EQ(sparse_mla_splits(1, 64, 2051), 16);  // a decode step: 1024 blocks
+  EXPECT_EQ(sparse_mla_splits(2048, 64, 2051), 1);
+  EXPECT_EQ(sparse_mla_splits(1, 4, 2051), 33);   // at most one part per 64 positions
   const LinearWeight kv_b{.name = "kv_b", .dtype = DType::f32, .out_features = 10, .in_features = 4,
                           .data = reinterpret_cast<const std::byte*>(&mla)};
   EXPECT_THROW(DeviceMlaWeights::upload(kv_b, 2, 3, 3), Error);  // 10 rows, not 2 x (3 + 3)

@@ -1,5 +1,6 @@
 // The whole forward on the GPU: every golden fixture (tests/data/golden, transformers' own float32 logits) run on the
-// CUDA backend as one call, as prefill plus one-token decode steps, and in uneven chunks, within a per-fixture
+// CUDA backend as one call, as prefill plus one-token decode steps, in uneven chunks, and as three sequences batched
+// in each pass, within a per-fixture
 // tolerance; and a sequence resumed from another's cached blocks and KDA snapshot (prefix caching) continues with the
 // same logits. Skipped without a GPU.
 #include <gtest/gtest.h>
@@ -78,6 +79,14 @@ TEST_P(GoldenCudaTest, UnevenChunkedPrefillMatchesTransformers) {
     logits.insert(logits.end(), part.begin(), part.end());
   }
   expect_close(logits, "ref_full.npy");
+}
+
+// Three sequences batched in one pass each step (run_batched_sequences), as the engine runs a GPU.
+TEST_P(GoldenCudaTest, BatchedSequencesMatchTransformers) {
+  const kestrel::testing::BatchedLogits logits = kestrel::testing::run_batched_sequences(*model_, fixture_);
+  expect_close(logits.chunked, "ref_full.npy");
+  expect_close(logits.decoded, "ref_incremental.npy");
+  expect_close(logits.whole, "ref_full.npy");
 }
 
 // What the engine's prefix cache does: a second sequence shares the first one's full blocks, loads the KDA state

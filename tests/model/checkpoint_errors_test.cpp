@@ -631,5 +631,26 @@ TEST_F(ForwardInputTest, EmptyTokenListReturnsEmptyLogits) {
   EXPECT_EQ(sequence->num_tokens(), 0);
 }
 
+// A batched pass checks every call before any sequence changes: a bad token in one call or a sequence named twice
+// leaves all of them as they were.
+TEST_F(ForwardInputTest, BadBatchLeavesEverySequenceUnchanged) {
+  const auto first = model_->new_sequence();
+  const auto second = model_->new_sequence();
+  const std::vector<int32_t> good = {3, 4, 5}, bad = {9, 300};
+  const std::vector<SequenceCall> bad_token = {{first.get(), good}, {second.get(), bad}};
+  expect_error([&] { (void)model_->forward_batch(bad_token); }, {"token id 300 is outside the vocabulary"});
+  const std::vector<SequenceCall> twice = {{first.get(), good}, {second.get(), good}, {first.get(), good}};
+  expect_error([&] { (void)model_->forward_batch(twice); }, {"names one sequence twice (calls 0 and 2)"});
+  EXPECT_EQ(first->num_tokens(), 0);
+  EXPECT_EQ(second->num_tokens(), 0);
+  const std::vector<SequenceCall> fine = {{first.get(), good}, {second.get(), {}}};
+  const std::vector<std::vector<float>> logits = model_->forward_batch(fine, ForwardOptions{.all_logits = false});
+  ASSERT_EQ(logits.size(), 2u);
+  EXPECT_EQ(logits[0].size(), 256u);
+  EXPECT_TRUE(logits[1].empty());
+  EXPECT_EQ(first->num_tokens(), 3);
+  EXPECT_EQ(second->num_tokens(), 0);
+}
+
 }  // namespace
 }  // namespace kestrel

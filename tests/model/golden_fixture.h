@@ -8,8 +8,11 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <span>
 #include <string>
 #include <vector>
+
+#include "model/glm5_next.h"
 
 namespace kestrel::testing {
 
@@ -56,6 +59,34 @@ inline double max_abs_difference(const std::vector<float>& a, const std::vector<
     worst = std::isnan(d) ? INFINITY : std::max(worst, d);
   }
   return worst;
+}
+// One fixture's tokens through three sequences in batched passes (forward_batch), each pass mixing different kinds of
+// call: `chunked` in uneven chunks (37, 5, 37, ...), `decoded` the reference's prefill then one-token steps, `whole`
+// the whole sequence in the first pass and empty calls after. Their logits, all rows of each.
+struct BatchedLogits {
+  std::vector<float> chunked, decoded, whole;
+};
+
+inline BatchedLogits run_batched_sequences(Glm5NextModel& model, const GoldenFixture& fixture) {
+  const std::span<const int32_t> tokens(fixture.tokens);
+  const auto chunked = model.new_sequence(), decoded = model.new_sequence(), whole = model.new_sequence();
+  BatchedLogits out;
+  size_t chunked_next = 0, decoded_next = 0, chunk = 37;
+  for (bool first = true; chunked_next < tokens.size() || decoded_next < tokens.size(); first = false) {
+    const size_t chunked_count = std::min(chunk, tokens.size() - chunked_next);
+    const size_t decoded_count = decoded_next < tokens.size() ? (first ? static_cast<size_t>(fixture.prefill) : 1) : 0;
+    const std::vector<SequenceCall> calls = {{whole.get(), first ? tokens : tokens.first(0)},
+                                             {chunked.get(), tokens.subspan(chunked_next, chunked_count)},
+                                             {decoded.get(), tokens.subspan(decoded_next, decoded_count)}};
+    const std::vector<std::vector<float>> logits = model.forward_batch(calls);
+    out.whole.insert(out.whole.end(), logits[0].begin(), logits[0].end());
+    out.chunked.insert(out.chunked.end(), logits[1].begin(), logits[1].end());
+    out.decoded.insert(out.decoded.end(), logits[2].begin(), logits[2].end());
+    chunked_next += chunked_count;
+    decoded_next += decoded_count;
+    chunk = chunk == 37 ? 5 : 37;
+  }
+  return out;
 }
 
 }  // namespace kestrel::testing

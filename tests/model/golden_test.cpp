@@ -1,6 +1,7 @@
 // Golden tests: every fixture under tests/data/golden (tiny random glm5_next checkpoints written by transformers'
 // save_pretrained, with transformers' own float32 logits; see tools/make_golden.py) must be reproduced by the CPU
-// forward, both as one forward over the whole sequence and as a prefill followed by one-token decode steps.
+// forward, both as one forward over the whole sequence and as a prefill followed by one-token decode steps, alone and
+// batched with other sequences in one pass.
 #include <gtest/gtest.h>
 
 
@@ -71,6 +72,23 @@ TEST_P(GoldenTest, UnevenChunkedPrefillMatchesTransformers) {
     logits.insert(logits.end(), part.begin(), part.end());
   }
   EXPECT_LE(max_abs_difference(logits, reference.data), kTolerance);
+}
+
+// Three sequences batched in one pass each step, each kind of call mixed with the others (run_batched_sequences):
+// each gets the logits it gets alone.
+TEST_P(GoldenTest, BatchedSequencesMatchTransformers) {
+  const GoldenFixture fixture = read_golden_fixture(GetParam());
+  CpuBackend backend;
+  const auto model = Glm5NextModel::load(fixture.dir, backend);
+  const NpyArray full = read_npy(fixture.dir + "/ref_full.npy");
+  const NpyArray incremental = read_npy(fixture.dir + "/ref_incremental.npy");
+  const testing::BatchedLogits logits = testing::run_batched_sequences(*model, fixture);
+  ASSERT_EQ(logits.chunked.size(), full.data.size());
+  ASSERT_EQ(logits.decoded.size(), incremental.data.size());
+  ASSERT_EQ(logits.whole.size(), full.data.size());
+  EXPECT_LE(max_abs_difference(logits.chunked, full.data), kTolerance);
+  EXPECT_LE(max_abs_difference(logits.decoded, incremental.data), kTolerance);
+  EXPECT_LE(max_abs_difference(logits.whole, full.data), kTolerance);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, GoldenTest, ::testing::ValuesIn(golden_fixture_names()),

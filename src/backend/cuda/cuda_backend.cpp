@@ -264,6 +264,8 @@ void CudaBackend::indexer_select(const IndexerArgs& a) {
 void CudaBackend::sparse_mla_attention(const SparseMlaArgs& a) {
   const auto* placed = dynamic_cast<const PlacedMla*>(a.kv_b->placed.get());
   require(placed != nullptr, "weight '{}' was not placed on the GPU for attention", a.kv_b->name);
+  const int64_t scratch =
+      cuda::sparse_mla_scratch_floats(a.num_tokens, a.num_heads, a.positions_stride, a.kv_lora_rank);
   check(cuda::sparse_mla_attention(SparseMlaDeviceArgs{.num_tokens = a.num_tokens,
                                                        .num_heads = a.num_heads,
                                                        .qk_head_dim = a.qk_head_dim,
@@ -277,7 +279,10 @@ void CudaBackend::sparse_mla_attention(const SparseMlaArgs& a) {
                                                        .positions = a.positions,
                                                        .counts = a.counts,
                                                        .positions_stride = a.positions_stride,
-                                                       .out = a.out},
+                                                       .out = a.out,
+                                                       .scratch = scratch > 0 ? scratch_a_.floats(
+                                                                                    static_cast<size_t>(scratch))
+                                                                              : nullptr},
                                    stream_),
         "sparse_mla_attention launch");
 }

@@ -27,72 +27,180 @@ __device__ __forceinline__ float to_float(W w) {
   }
 }
 
-// Lane l reads 16-byte vectors l, l + 32, ... of the row (kVector weights each), so a warp's loads are coalesced
-// 512-byte runs; rows whose length is not a multiple of kVector (or not 16-byte aligned) take the scalar loop. With
-// block scales, each weight is multiplied by its block's scale before the dot product (a vector lies in one block).
-template <typename W>
+// Vectors a lane has in flight at once: a warp streams one row, so a single load per lane leaves the memory system
+// idle between iterations.
+constexpr int kUnroll = 4;
+// Blocks a call aims for (two per SM of an H200-class GPU). A matrix with fewer rows than that many warps (the mHC
+// mixes' 24 rows, low-rank projections, the router) has each row's k range split over several blocks instead, so
+// that its few long rows are not streamed by a handful of warps.
+constexpr int64_t kTargetBlocks = 264;
+
+// Rows a warp streams at once for a pass of `tokens` tokens (see dense_gemv).
+constexpr int rows_per_warp(int tokens) { return tokens == 1 ? 1 : 4; }
+
+// k splits for a pass with `rows` rows per warp: enough blocks for the GPU, whole warp passes per split.
+int64_t split_count(DenseWeightType type, int64_t out_features, int64_t in_features, int rows) {
+  const int64_t element_bytes = type == DenseWeightType::f32 ? 4 : type == DenseWeightType::f8_e4m3 ? 1 : 2;
+  const int64_t row_blocks = (out_features + kWarpsPerBlock * rows - 1) / (kWarpsPerBlock * rows);
+  const int64_t passes = in_features * element_bytes / 16 / (32 * kUnroll);  // whole warp passes in a row
+  if (row_blocks >= kTargetBlocks || passes < 2) return 1;
+  return std::min((kTargetBlocks + row_blocks - 1) / row_blocks, passes);
+}
+
+// Warp w of block b streams rows (8b + w) * kRows + [0, kRows): lane l reads their 16-byte vectors l, l + 32, ...
+// (kVector weights each), kUnroll per row loaded before any is used, so a warp's loads are coalesced 512-byte runs with
+// several in flight; rows whose length is not a multiple of kVector (or not 16-byte aligned) take the scalar loop.
+// Several rows per warp (for more than one token) let each load of x serve them all: x, read from L1 once per row and
+// token, is otherwise the bottleneck at 4 to 8 tokens. With block scales, each weight is multiplied by its block's
+// scale before the dot product (a vector lies in one block). Token and row counts are template parameters so that the
+// accumulators stay in registers (a runtime-indexed array lives in local memory). Each accumulator adds the vectors
+// in the same order whatever the unrolling and rows per warp, so results do not depend on them. With k split
+// (gridDim.y > 1, vector path only), block (b, s) covers vectors [s * split_vectors, (s + 1) * split_vectors) and
+// writes its sums to partial[s, token, row] for sum_splits.
+template <typename W, int kTokens, int kRows>
 __global__ void __launch_bounds__(32 * kWarpsPerBlock)
-    dense_gemv(const W* weight, int64_t out_features, int64_t in_features, const float* x, int num_tokens, float* y,
-               BlockScales scales) {
+    dense_gemv(const W* weight, int64_t out_features, int64_t in_features, const float* x, float* y,
+               BlockScales scales, int64_t split_vectors, float* partial) {
   constexpr int kVector = 16 / sizeof(W);
   constexpr bool kScaled = std::is_same_v<W, __nv_fp8_e4m3>;
+  constexpr int kLoads = kRows == 1 ? kUnroll : kUnroll / 2;  // registers: kRows * kLoads vectors in flight
   const int lane = static_cast<int>(threadIdx.x & 31u);
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
-  if (row >= out_features) return;
-  const W* w = weight + row * in_features;
+  const int64_t first_row = (static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32) * kRows;
+  if (first_row >= out_features) return;
+  const W* w[kRows];
+  const float* row_scales[kRows];
+  bool valid[kRows];
   const int64_t scale_cols = kScaled ? (in_features + scales.block_cols - 1) / scales.block_cols : 0;
-  const float* row_scales = kScaled ? scales.scales + row / scales.block_rows * scale_cols : nullptr;
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    const int64_t row = first_row + r;
+    valid[r] = row < out_features;
+    w[r] = weight + (valid[r] ? row : first_row) * in_features;
+    row_scales[r] = kScaled ? scales.scales + (valid[r] ? row : first_row) / scales.block_rows * scale_cols : nullptr;
+  }
   // The weight as the CPU dequantises it: fp8 times its block's scale, rounded to float32.
-  const auto weight_at = [&](W value, int64_t column) {
+  const auto weight_at = [&](W value, int r, int64_t column) {
     if constexpr (kScaled) {
-      return to_float(value) * row_scales[column / scales.block_cols];
+      return to_float(value) * row_scales[r][column / scales.block_cols];
     } else {
       return to_float(value);
     }
   };
-  float acc[kTokensPerPass] = {};
+  float acc[kRows][kTokens] = {};
   const bool aligned = ((reinterpret_cast<uintptr_t>(weight) | reinterpret_cast<uintptr_t>(x)) & 15u) == 0;
   if (aligned && in_features % kVector == 0) {
-    const int64_t vectors = in_features / kVector;
-    for (int64_t v = lane; v < vectors; v += 32) {
-      const uint4 packed = __ldcs(reinterpret_cast<const uint4*>(w) + v);
-      const W* values = reinterpret_cast<const W*>(&packed);
-      float wf[kVector];
+    const int64_t split_begin = blockIdx.y * split_vectors;
+    const int64_t vectors = min(in_features / kVector, split_begin + split_vectors);
+    for (int64_t first = split_begin + lane; first < vectors; first += 32 * kLoads) {
+      uint4 packed[kRows][kLoads];
 #pragma unroll
-      for (int j = 0; j < kVector; ++j) wf[j] = weight_at(values[j], v * kVector);
-      for (int t = 0; t < num_tokens; ++t) {
-        const float4* xv = reinterpret_cast<const float4*>(x + t * in_features + v * kVector);
-        float sum = 0.0f;
+      for (int u = 0; u < kLoads; ++u) {
+        const int64_t v = first + 32 * u;
 #pragma unroll
-        for (int q = 0; q < kVector / 4; ++q) {
-          const float4 xq = xv[q];
-          sum += xq.x * wf[4 * q] + xq.y * wf[4 * q + 1] + xq.z * wf[4 * q + 2] + xq.w * wf[4 * q + 3];
+        for (int r = 0; r < kRows; ++r) {
+          packed[r][u] = v < vectors && valid[r] ? __ldcs(reinterpret_cast<const uint4*>(w[r]) + v)
+                                                 : make_uint4(0, 0, 0, 0);
         }
-        acc[t] += sum;
+      }
+#pragma unroll
+      for (int u = 0; u < kLoads; ++u) {
+        const int64_t v = first + 32 * u;
+        if (v >= vectors) break;
+        float wf[kRows][kVector];
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) {
+          const W* values = reinterpret_cast<const W*>(&packed[r][u]);
+#pragma unroll
+          for (int j = 0; j < kVector; ++j) wf[r][j] = weight_at(values[j], r, v * kVector);
+        }
+#pragma unroll
+        for (int t = 0; t < kTokens; ++t) {
+          const float4* xv = reinterpret_cast<const float4*>(x + t * in_features + v * kVector);
+          float4 xq[kVector / 4];
+#pragma unroll
+          for (int q = 0; q < kVector / 4; ++q) xq[q] = xv[q];
+#pragma unroll
+          for (int r = 0; r < kRows; ++r) {
+            float sum = 0.0f;
+#pragma unroll
+            for (int q = 0; q < kVector / 4; ++q) {
+              sum += xq[q].x * wf[r][4 * q] + xq[q].y * wf[r][4 * q + 1] + xq[q].z * wf[r][4 * q + 2] +
+                     xq[q].w * wf[r][4 * q + 3];
+            }
+            acc[r][t] += sum;
+          }
+        }
       }
     }
   } else {
     for (int64_t i = lane; i < in_features; i += 32) {
-      const float wi = weight_at(w[i], i);
-      for (int t = 0; t < num_tokens; ++t) acc[t] += wi * x[t * in_features + i];
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        const float wi = valid[r] ? weight_at(w[r][i], r, i) : 0.0f;
+#pragma unroll
+        for (int t = 0; t < kTokens; ++t) acc[r][t] += wi * x[t * in_features + i];
+      }
     }
   }
-  for (int t = 0; t < num_tokens; ++t) {
-    float v = acc[t];
-    for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, offset);
-    if (lane == 0) y[t * out_features + row] = v;
+  float* out = gridDim.y == 1 ? y : partial + blockIdx.y * kTokens * out_features;
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+#pragma unroll
+    for (int t = 0; t < kTokens; ++t) {
+      float v = acc[r][t];
+      for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, offset);
+      if (lane == 0 && valid[r]) out[t * out_features + first_row + r] = v;
+    }
   }
 }
 
+// y[t, row] = the k splits' partial sums added in split order (deterministic).
+__global__ void __launch_bounds__(256) sum_splits(const float* partial, int64_t count, int splits, float* y) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * 256 + threadIdx.x;
+  if (i >= count) return;
+  float sum = 0.0f;
+  for (int s = 0; s < splits; ++s) sum += partial[s * count + i];
+  y[i] = sum;
+}
+
+template <typename W, int kTokens>
+void launch_pass(dim3 grid, const void* weight, int64_t out_features, int64_t in_features, const float* x, float* y,
+                 const BlockScales& scales, int64_t split_vectors, float* partial, cudaStream_t stream) {
+  dense_gemv<W, kTokens, rows_per_warp(kTokens)><<<grid, 32 * kWarpsPerBlock, 0, stream>>>(
+      static_cast<const W*>(weight), out_features, in_features, x, y, scales, split_vectors, partial);
+}
+
 template <typename W>
-void launch(const void* weight, int64_t out_features, int64_t in_features, const float* x, int64_t num_tokens,
-            float* y, const BlockScales& scales, cudaStream_t stream) {
-  const auto blocks = static_cast<unsigned>((out_features + kWarpsPerBlock - 1) / kWarpsPerBlock);
+void launch(DenseWeightType type, const void* weight, int64_t out_features, int64_t in_features, const float* x,
+            int64_t num_tokens, float* y, const BlockScales& scales, float* scratch, cudaStream_t stream) {
+  constexpr int64_t kVector = 16 / sizeof(W);
+  const bool vectorised = in_features % kVector == 0 &&
+                          ((reinterpret_cast<uintptr_t>(weight) | reinterpret_cast<uintptr_t>(x)) & 15u) == 0;
+  const int64_t vectors = in_features / kVector;
+  using Pass = void (*)(dim3, const void*, int64_t, int64_t, const float*, float*, const BlockScales&, int64_t, float*,
+                        cudaStream_t);
+  static constexpr Pass kPasses[kTokensPerPass] = {launch_pass<W, 1>, launch_pass<W, 2>, launch_pass<W, 3>,
+                                                   launch_pass<W, 4>, launch_pass<W, 5>, launch_pass<W, 6>,
+                                                   launch_pass<W, 7>, launch_pass<W, 8>};
   for (int64_t t = 0; t < num_tokens; t += kTokensPerPass) {
-    const int n = static_cast<int>(std::min<int64_t>(kTokensPerPass, num_tokens - t));
-    dense_gemv<W><<<blocks, 32 * kWarpsPerBlock, 0, stream>>>(static_cast<const W*>(weight), out_features,
-                                                              in_features, x + t * in_features, n,
-                                                              y + t * out_features, scales);
+    const int64_t n = std::min<int64_t>(kTokensPerPass, num_tokens - t);
+    const int rows = rows_per_warp(static_cast<int>(n));
+    const int64_t splits =
+        vectorised && scratch != nullptr ? split_count(type, out_features, in_features, rows) : 1;
+    // Whole unrolled passes of the warp per split, so that every split starts where a pass would.
+    const int64_t pass = 32 * kUnroll;
+    const int64_t split_vectors = splits == 1 ? vectors : ((vectors + splits - 1) / splits + pass - 1) / pass * pass;
+    const int64_t used_splits = splits == 1 ? 1 : (vectors + split_vectors - 1) / split_vectors;
+    const int64_t rows_per_block = kWarpsPerBlock * rows;
+    const dim3 grid(static_cast<unsigned>((out_features + rows_per_block - 1) / rows_per_block),
+                    static_cast<unsigned>(used_splits));
+    kPasses[n - 1](grid, weight, out_features, in_features, x + t * in_features, y + t * out_features, scales,
+                   split_vectors, scratch, stream);
+    if (used_splits > 1) {
+      const int64_t count = n * out_features;
+      sum_splits<<<static_cast<unsigned>((count + 255) / 256), 256, 0, stream>>>(
+          scratch, count, static_cast<int>(used_splits), y + t * out_features);
+    }
   }
 }
 
@@ -140,16 +248,26 @@ cudaError_t gather_rows(const void* table, DenseWeightType type, int64_t cols, c
   return cudaGetLastError();
 }
 
+int64_t dense_splits(DenseWeightType type, int64_t out_features, int64_t in_features) {
+  return split_count(type, out_features, in_features, rows_per_warp(1));
+}
+
+int64_t dense_scratch_floats(DenseWeightType type, int64_t out_features, int64_t in_features) {
+  // A multi-row pass has fewer row blocks, so at least as many splits as a one-token pass.
+  const int64_t splits = split_count(type, out_features, in_features, rows_per_warp(kTokensPerPass));
+  return splits == 1 ? 0 : splits * kTokensPerPass * out_features;
+}
+
 cudaError_t dense_linear(const void* weight, DenseWeightType type, int64_t out_features, int64_t in_features,
                          const float* x, int64_t num_tokens, float* y, cudaStream_t stream,
-                         const BlockScales& scales) {
+                         const BlockScales& scales, float* scratch) {
   const bool fp8 = type == DenseWeightType::f8_e4m3;
   if (fp8 != (scales.scales != nullptr) ||
       (fp8 && (scales.block_rows < 1 || scales.block_cols < 1 || scales.block_cols % 16 != 0))) {
     return cudaErrorInvalidValue;
   }
   with_element_type(type, [&](auto element) {
-    launch<decltype(element)>(weight, out_features, in_features, x, num_tokens, y, scales, stream);
+    launch<decltype(element)>(type, weight, out_features, in_features, x, num_tokens, y, scales, scratch, stream);
   });
   return cudaGetLastError();
 }

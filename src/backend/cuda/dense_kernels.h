@@ -1,8 +1,10 @@
 // Linear layers with plain (f32, f16, bf16) or block-fp8 (e4m3 with a float32 scale per block_rows x block_cols
 // block, DeepSeek/GLM's layout) weights on the GPU: y[T, out] = x[T, in] W^T, W row-major [out, in] as stored in the
 // checkpoint, float32 activations and accumulation; fp8 weights are scaled as the CPU backend does (fp8 value times
-// its block's scale, rounded to float32, then multiplied). One warp per output row; each pass covers up to
-// 8 tokens, so the weights are read once per 8 tokens (the decode case). Prefill-sized batches belong on tensor
+// its block's scale, rounded to float32, then multiplied). One warp per output row (four rows for passes of more
+// than one token, so that each load of x serves them all); each pass covers up to 8 tokens, so the weights are read
+// once per 8 tokens (the decode case). A matrix with few rows has its k range split over several blocks
+// (dense_splits) whose partial sums a second launch adds in a fixed order. Prefill-sized batches belong on tensor
 // cores (cuBLASLt), which this kernel does not replace.
 #pragma once
 
@@ -21,10 +23,16 @@ struct BlockScales {
   int64_t block_rows = 0, block_cols = 0;
 };
 
-// cudaErrorInvalidValue for fp8 without a usable scale grid.
+// Into how many k ranges a matrix's rows are split for one token (1: none), and the scratch floats dense_linear
+// needs for any token count.
+int64_t dense_splits(DenseWeightType type, int64_t out_features, int64_t in_features);
+int64_t dense_scratch_floats(DenseWeightType type, int64_t out_features, int64_t in_features);
+
+// cudaErrorInvalidValue for fp8 without a usable scale grid. Without scratch (dense_scratch_floats of device
+// memory, not shared with a concurrent call) the rows are not split.
 cudaError_t dense_linear(const void* weight, DenseWeightType type, int64_t out_features, int64_t in_features,
                          const float* x, int64_t num_tokens, float* y, cudaStream_t stream,
-                         const BlockScales& scales = {});
+                         const BlockScales& scales = {}, float* scratch = nullptr);
 
 // out[T, cols] = rows ids[T] of table [rows, cols], as float32 (the embedding lookup). ids are device memory and must
 // be in [0, rows): the caller validates them (the model does, before anything runs). Not for fp8 tables.

@@ -82,7 +82,10 @@ void DeviceLinear::forward(const float* x, int64_t num_tokens, float* y, Scratch
     const BlockScales scales{.scales = scales_.size() ? scales_.as<float>() : nullptr,
                              .block_rows = block_rows_,
                              .block_cols = block_cols_};
-    check(dense_linear(data_.data(), dense_type_, out_features_, in_features_, x, num_tokens, y, stream, scales),
+    const int64_t scratch_floats = dense_scratch_floats(dense_type_, out_features_, in_features_);
+    float* partial = scratch_floats > 0 ? scratch.floats(static_cast<size_t>(scratch_floats)) : nullptr;
+    check(dense_linear(data_.data(), dense_type_, out_features_, in_features_, x, num_tokens, y, stream, scales,
+                       partial),
           "dense linear launch");
   }
 }

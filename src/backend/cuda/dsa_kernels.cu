@@ -258,40 +258,80 @@ __global__ void __launch_bounds__(kThreads) indexer_topk_kernel(IndexerDeviceArg
 
 // ---- sparse MLA attention ----
 
-// One block per (token, head). Shared memory: the staged latent rows [kLatentChunk, rank], q̂ [rank] (ô at the end),
-// the output accumulator [rank] (each thread owns the same ranks throughout), q [qk_head_dim], the step's
+// Decode steps split each (token, head)'s positions into parts of at least this many, one block each.
+constexpr int64_t kMinSplitPositions = 64;
+// Blocks a split call aims for: several per SM, so that a one-token step reads the latents at full bandwidth.
+constexpr int64_t kTargetBlocks = 1024;
+
+// q̂[t, h] = W_UK[h]ᵀ q[t, h] into `q_latent` ([rank], shared or global), by the whole block.
+__device__ void absorb_query(const SparseMlaDeviceArgs& a, int64_t t, int64_t h, float* q_staged, float* q_latent) {
+  const int rank = static_cast<int>(a.kv_lora_rank), qk = static_cast<int>(a.qk_head_dim);
+  for (int d = threadIdx.x; d < qk; d += kThreads) q_staged[d] = a.query[(t * a.num_heads + h) * qk + d];
+  __syncthreads();
+  const float* w_uk = a.w_uk + h * qk * rank;
+  for (int r = threadIdx.x; r < rank; r += kThreads) {
+    float sum = 0.0f;
+    for (int d = 0; d < qk; ++d) sum += q_staged[d] * w_uk[d * rank + r];
+    q_latent[r] = sum;
+  }
+}
+
+// out[t, h] = W_UV[h] ô, ô in shared memory, by the whole block.
+__device__ void project_values(const SparseMlaDeviceArgs& a, int64_t t, int64_t h, const float* o_latent) {
+  const int rank = static_cast<int>(a.kv_lora_rank), vd = static_cast<int>(a.v_head_dim);
+  const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
+  const float* w_uv = a.w_uv + h * vd * rank;
+  float* out = a.out + (t * a.num_heads + h) * vd;
+  for (int v = warp; v < vd; v += kWarps) {
+    float sum = 0.0f;
+    for (int r = lane; r < rank; r += 32) sum += w_uv[v * rank + r] * o_latent[r];
+    sum = warp_sum(sum);
+    if (lane == 0) out[v] = sum;
+  }
+}
+
+// Split calls: one block per (token, head) computes q̂ into the scratch once for all its parts.
+__global__ void __launch_bounds__(kThreads) absorb_query_kernel(SparseMlaDeviceArgs a) {
+  extern __shared__ float4 shared_vectors[];
+  const int64_t t = blockIdx.x / a.num_heads, h = blockIdx.x % a.num_heads;
+  absorb_query(a, t, h, reinterpret_cast<float*>(shared_vectors), a.scratch + blockIdx.x * a.kv_lora_rank);
+}
+
+// Grid (token × head, part). Each block runs the online softmax over its part of the token's positions; with one part
+// it finishes (normalises, projects by W_UV), else it leaves its running max, total and unnormalised output in the
+// scratch for combine_parts_kernel. Shared memory: the staged latent rows [kLatentChunk, rank], q̂ [rank] (ô at the
+// end), the output accumulator [rank] (each thread owns the same ranks throughout), q [qk_head_dim], the step's
 // probabilities [kLatentChunk].
 __global__ void __launch_bounds__(kThreads) sparse_mla_kernel(SparseMlaDeviceArgs a) {
   extern __shared__ float4 shared_vectors[];
   __shared__ float running_max, running_total, rescale;
   const int rank = static_cast<int>(a.kv_lora_rank), qk = static_cast<int>(a.qk_head_dim);
-  const int vd = static_cast<int>(a.v_head_dim);
   const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
-  const int64_t t = blockIdx.x / a.num_heads, h = blockIdx.x % a.num_heads;
+  const int64_t pair = blockIdx.x, t = pair / a.num_heads, h = pair % a.num_heads;
+  const int parts = static_cast<int>(gridDim.y), part = static_cast<int>(blockIdx.y);
   float* rows = reinterpret_cast<float*>(shared_vectors);
   float* q_latent = rows + kLatentChunk * rank;
   float* acc = q_latent + rank;
   float* q = acc + rank;
   float* probs = q + qk;
 
-  for (int d = tid; d < qk; d += kThreads) q[d] = a.query[(t * a.num_heads + h) * qk + d];
   if (tid == 0) {
     running_max = -INFINITY;
     running_total = 0.0f;
   }
-  __syncthreads();
-  const float* w_uk = a.w_uk + h * qk * rank;
-  for (int r = tid; r < rank; r += kThreads) {
-    float sum = 0.0f;
-    for (int d = 0; d < qk; ++d) sum += q[d] * w_uk[d * rank + r];
-    q_latent[r] = sum;
-    acc[r] = 0.0f;
+  if (parts == 1) {
+    absorb_query(a, t, h, q, q_latent);
+  } else {
+    for (int r = tid; r < rank; r += kThreads) q_latent[r] = a.scratch[pair * rank + r];
   }
+  for (int r = tid; r < rank; r += kThreads) acc[r] = 0.0f;
 
   const int count = a.counts[t];
+  const int per_part = (count + parts - 1) / parts;
+  const int begin = min(count, part * per_part), end = min(count, begin + per_part);
   const int32_t* positions = a.positions + t * a.positions_stride;
-  for (int first = 0; first < count; first += kLatentChunk) {
-    const int n = min(kLatentChunk, count - first);
+  for (int first = begin; first < end; first += kLatentChunk) {
+    const int n = min(kLatentChunk, end - first);
     __syncthreads();  // q̂ is complete; the previous step's rows are consumed
     for (int i = warp; i < n; i += kWarps) {
       const float* latent = paged_row(a.latents, positions[first + i]);
@@ -329,16 +369,45 @@ __global__ void __launch_bounds__(kThreads) sparse_mla_kernel(SparseMlaDeviceArg
     }
   }
   __syncthreads();  // the last reads of q̂ are done; running_total is final
+  if (parts > 1) {
+    float* partial = a.scratch + a.num_tokens * a.num_heads * rank + (pair * parts + part) * (rank + 2);
+    for (int r = tid; r < rank; r += kThreads) partial[2 + r] = acc[r];
+    if (tid == 0) {
+      partial[0] = running_max;
+      partial[1] = running_total;
+    }
+    return;
+  }
   for (int r = tid; r < rank; r += kThreads) q_latent[r] = running_total > 0.0f ? acc[r] / running_total : 0.0f;
   __syncthreads();
-  const float* w_uv = a.w_uv + h * vd * rank;
-  float* out = a.out + (t * a.num_heads + h) * vd;
-  for (int v = warp; v < vd; v += kWarps) {
-    float sum = 0.0f;
-    for (int r = lane; r < rank; r += 32) sum += w_uv[v * rank + r] * q_latent[r];
-    sum = warp_sum(sum);
-    if (lane == 0) out[v] = sum;
+  project_values(a, t, h, q_latent);
+}
+
+// One block per (token, head): merges its parts' softmax states (rescaled to the common max), then W_UV.
+__global__ void __launch_bounds__(kThreads) combine_parts_kernel(SparseMlaDeviceArgs a, int parts) {
+  extern __shared__ float4 shared_vectors[];
+  const int rank = static_cast<int>(a.kv_lora_rank);
+  const int64_t pair = blockIdx.x, t = pair / a.num_heads, h = pair % a.num_heads;
+  float* o_latent = reinterpret_cast<float*>(shared_vectors);
+  float* weights = o_latent + rank;  // [parts]
+  const float* partial = a.scratch + a.num_tokens * a.num_heads * rank + pair * parts * (rank + 2);
+  float max_all = -INFINITY;
+  for (int p = 0; p < parts; ++p) max_all = fmaxf(max_all, partial[p * (rank + 2)]);
+  float total = 0.0f;
+  for (int p = 0; p < parts; ++p) {
+    const float m = partial[p * (rank + 2)];
+    const float w = m == -INFINITY ? 0.0f : expf(m - max_all);  // an empty part weighs nothing
+    if (threadIdx.x == 0) weights[p] = w;
+    total += partial[p * (rank + 2) + 1] * w;
   }
+  __syncthreads();
+  for (int r = threadIdx.x; r < rank; r += kThreads) {
+    float o = 0.0f;
+    for (int p = 0; p < parts; ++p) o += weights[p] * partial[p * (rank + 2) + 2 + r];
+    o_latent[r] = total > 0.0f ? o / total : 0.0f;
+  }
+  __syncthreads();
+  project_values(a, t, h, o_latent);
 }
 
 bool valid_rows(const DevicePagedRows& rows, int64_t width) {
@@ -388,6 +457,19 @@ cudaError_t indexer_select(const IndexerDeviceArgs& a, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
+int64_t sparse_mla_splits(int64_t num_tokens, int64_t num_heads, int64_t positions_stride) {
+  const int64_t pairs = std::max<int64_t>(num_tokens * num_heads, 1);
+  const int64_t wanted = (kTargetBlocks + pairs - 1) / pairs;
+  const int64_t most = std::max<int64_t>((positions_stride + kMinSplitPositions - 1) / kMinSplitPositions, 1);
+  return std::clamp<int64_t>(wanted, 1, most);
+}
+
+int64_t sparse_mla_scratch_floats(int64_t num_tokens, int64_t num_heads, int64_t positions_stride,
+                                  int64_t kv_lora_rank) {
+  const int64_t parts = sparse_mla_splits(num_tokens, num_heads, positions_stride);
+  return parts == 1 ? 0 : num_tokens * num_heads * (kv_lora_rank + parts * (kv_lora_rank + 2));
+}
+
 cudaError_t sparse_mla_attention(const SparseMlaDeviceArgs& a, cudaStream_t stream) {
   const bool valid = a.num_tokens >= 0 && a.num_heads > 0 && a.qk_head_dim > 0 && a.v_head_dim > 0 &&
                      a.kv_lora_rank > 0 && a.qk_head_dim <= INT_MAX / a.kv_lora_rank &&
@@ -395,10 +477,23 @@ cudaError_t sparse_mla_attention(const SparseMlaDeviceArgs& a, cudaStream_t stre
                      valid_rows(a.latents, a.kv_lora_rank) && a.num_tokens <= INT_MAX / a.num_heads;
   if (!valid) return cudaErrorInvalidValue;
   if (a.num_tokens == 0) return cudaSuccess;
+  const int64_t parts = sparse_mla_splits(a.num_tokens, a.num_heads, a.positions_stride);
+  if (parts > 1 && a.scratch == nullptr) return cudaErrorInvalidValue;
+  const auto pairs = static_cast<unsigned>(a.num_tokens * a.num_heads);
   const size_t shared =
       static_cast<size_t>((kLatentChunk + 2) * a.kv_lora_rank + a.qk_head_dim + kLatentChunk) * sizeof(float);
   if (const cudaError_t status = allow_shared(sparse_mla_kernel, shared); status != cudaSuccess) return status;
-  sparse_mla_kernel<<<static_cast<unsigned>(a.num_tokens * a.num_heads), kThreads, shared, stream>>>(a);
+  if (parts > 1) {
+    absorb_query_kernel<<<pairs, kThreads, static_cast<size_t>(a.qk_head_dim) * sizeof(float), stream>>>(a);
+  }
+  sparse_mla_kernel<<<dim3(pairs, static_cast<unsigned>(parts)), kThreads, shared, stream>>>(a);
+  if (parts > 1) {
+    const size_t combine_shared = static_cast<size_t>(a.kv_lora_rank + parts) * sizeof(float);
+    if (const cudaError_t status = allow_shared(combine_parts_kernel, combine_shared); status != cudaSuccess) {
+      return status;
+    }
+    combine_parts_kernel<<<pairs, kThreads, combine_shared, stream>>>(a, static_cast<int>(parts));
+  }
   return cudaGetLastError();
 }
 

@@ -77,7 +77,15 @@ struct SparseMlaDeviceArgs {
   const int32_t* counts = nullptr;     // [T]
   int64_t positions_stride = 0;
   float* out = nullptr;            // [T, heads, v_head_dim]
+  float* scratch = nullptr;        // sparse_mla_scratch_floats(...) floats (none needed when that is 0)
 };
+
+// How many parts a (token, head)'s positions are split into, so that a few tokens still occupy the whole GPU
+// (flash-decoding): 1 for prefill-sized calls, up to one part per 64 positions for a decode step.
+int64_t sparse_mla_splits(int64_t num_tokens, int64_t num_heads, int64_t positions_stride);
+// Scratch for split calls: q̂ per (token, head) and each part's running max, total and unnormalised output.
+int64_t sparse_mla_scratch_floats(int64_t num_tokens, int64_t num_heads, int64_t positions_stride,
+                                  int64_t kv_lora_rank);
 
 // Per token t and head h: q̂ = W_UK[h]ᵀ q[t, h]; p = softmax over the selected positions j of scale * q̂ . latent[j];
 // out[t, h] = W_UV[h] sum_j p_j latent[j] (zeros for a token with no positions).
