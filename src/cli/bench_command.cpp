@@ -3,7 +3,7 @@
 // sequences decode `--steps` tokens each, a step being one token of every sequence (decode tokens/s over all S, and
 // ms per step). Alongside: the bytes one decoded token reads (the non-routed weights, top_k routed experts per MoE
 // layer, the cache rows the indexer scores and attention reads, the KDA state) and what that is per second at one
-// stream. A decode step of S sequences is one batched forward pass (Glm5NextModel::forward_batch), as the engine
+// stream, against the backend's measured memory copy bandwidth. A decode step of S sequences is one batched forward pass (Glm5NextModel::forward_batch), as the engine
 // runs it.
 #include <algorithm>
 #include <chrono>
@@ -27,6 +27,29 @@ namespace {
 
 double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// The backend's memory bandwidth as a copy between two 256 MiB arrays sees it, read + write counted (the yardstick the
+// bytes a decode step reads per second are compared with): ten copies timed on the host, each ended by a
+// synchronising read of one float.
+double copy_bandwidth(Backend& backend) {
+  constexpr size_t kCount = size_t{1} << 26, kBytes = kCount * sizeof(float);
+  constexpr int kCopies = 10;
+  float* from = backend.allocate_floats(kCount);
+  float* to = backend.allocate_floats(kCount);
+  backend.fill(from, static_cast<int64_t>(kCount), 1.0f);
+  float probe = 0.0f;
+  const auto copy_once = [&] {
+    backend.copy(to, from, kBytes);
+    backend.copy_to_host(&probe, to, sizeof(float));
+  };
+  copy_once();  // first touch of the destination
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < kCopies; ++i) copy_once();
+  const double elapsed = seconds_since(start);
+  backend.free_floats(from);
+  backend.free_floats(to);
+  return 2.0 * static_cast<double>(kBytes) * kCopies / elapsed;
 }
 
 // Bytes a linear reads per call: the stored matrix (EXL3 trellis and scales, or the dense elements and block scales).
@@ -132,6 +155,9 @@ Action add_bench_command(CLI::App& app) {
     std::mt19937 rng(o->seed);
     std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(c.vocab_size - 1));
     const double weights = weight_bytes_per_token(*model);
+    const double bandwidth = copy_bandwidth(*backend);
+    std::printf("%s memory copy bandwidth (read + write, 256 MiB arrays): %.0f GB/s\n",
+                std::string(backend->name()).c_str(), bandwidth / 1e9);
     std::printf("model %s on %s: %.2f MB of weights read per decoded token\n", o->model.c_str(),
                 std::string(backend->name()).c_str(), weights / 1e6);
     const int64_t most = *std::max_element(o->sequences.begin(), o->sequences.end());
@@ -174,7 +200,11 @@ Action add_bench_command(CLI::App& app) {
         const double step_seconds = elapsed / static_cast<double>(o->steps);
         std::printf("  decode, %lld sequences: %.1f tokens/s, %.3f ms per step", static_cast<long long>(count),
                     static_cast<double>(count * o->steps) / elapsed, step_seconds * 1e3);
-        if (count == 1) std::printf(", %.1f GB/s of weights, cache and state", (weights + cache) / step_seconds / 1e9);
+        if (count == 1) {
+          const double rate = (weights + cache) / step_seconds;
+          std::printf(", %.1f GB/s of weights, cache and state (%.0f %% of the copy bandwidth)", rate / 1e9,
+                      100.0 * rate / bandwidth);
+        }
         std::printf("\n");
       }
     }
