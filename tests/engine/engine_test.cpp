@@ -169,35 +169,39 @@ TEST(EngineCore, BatchInvarianceTokensAndLogprobsAreTheSameAloneAndAmong16Others
   }
 }
 
+// In both ways the runner computes a step (the snapshots are taken between batched passes too).
 TEST(EngineCore, ARepeatedPromptIsServedFromThePrefixCacheWithIdenticalLogits) {
-  EngineConfig config{.max_model_len = 256, .max_logprobs = 256};
-  const std::vector<int32_t> prompt = random_prompt(3, 45);  // two full blocks of 16, then 13 tokens
-  const Job job{.prompt = prompt, .params = greedy(6, 256)};
-  std::vector<int32_t> follow_up = prompt;  // a later turn of the same conversation
-  follow_up.insert(follow_up.end(), {5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21});
-  const Job longer{.prompt = follow_up, .params = greedy(6, 256)};
+  for (const bool parallel : {true, false}) {
+    SCOPED_TRACE(parallel ? "parallel sequences" : "batched passes");
+    EngineConfig config{.max_model_len = 256, .max_logprobs = 256, .parallel_sequences = parallel};
+    const std::vector<int32_t> prompt = random_prompt(3, 45);  // two full blocks of 16, then 13 tokens
+    const Job job{.prompt = prompt, .params = greedy(6, 256)};
+    std::vector<int32_t> follow_up = prompt;  // a later turn of the same conversation
+    follow_up.insert(follow_up.end(), {5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21});
+    const Job longer{.prompt = follow_up, .params = greedy(6, 256)};
 
-  config.enable_prefix_caching = false;
-  const Completion uncached = run_alone(config, job);
-  const Completion uncached_longer = run_alone(config, longer);
-  EXPECT_EQ(uncached.num_cached_tokens, 0);
+    config.enable_prefix_caching = false;
+    const Completion uncached = run_alone(config, job);
+    const Completion uncached_longer = run_alone(config, longer);
+    EXPECT_EQ(uncached.num_cached_tokens, 0);
 
-  config.enable_prefix_caching = true;
-  EngineCore core(fixture_model(), config);
-  const Completion first = run_jobs(core, {job})[0]->completions.at(0);
-  const Completion repeated = run_jobs(core, {job})[0]->completions.at(0);
-  const Completion extended = run_jobs(core, {longer})[0]->completions.at(0);
-  EXPECT_EQ(first.num_cached_tokens, 0);
-  EXPECT_EQ(repeated.num_cached_tokens, 32);
-  EXPECT_EQ(extended.num_cached_tokens, 32);  // the first prompt's full blocks; its tail was never a full block
-  EXPECT_EQ(core.stats().cache.prefix_cache_queries, 45 + 45 + 62);
-  EXPECT_EQ(core.stats().cache.prefix_cache_hits, 32 + 32);
+    config.enable_prefix_caching = true;
+    EngineCore core(fixture_model(), config);
+    const Completion first = run_jobs(core, {job})[0]->completions.at(0);
+    const Completion repeated = run_jobs(core, {job})[0]->completions.at(0);
+    const Completion extended = run_jobs(core, {longer})[0]->completions.at(0);
+    EXPECT_EQ(first.num_cached_tokens, 0);
+    EXPECT_EQ(repeated.num_cached_tokens, 32);
+    EXPECT_EQ(extended.num_cached_tokens, 32);  // the first prompt's full blocks; its tail was never a full block
+    EXPECT_EQ(core.stats().cache.prefix_cache_queries, 45 + 45 + 62);
+    EXPECT_EQ(core.stats().cache.prefix_cache_hits, 32 + 32);
 
-  EXPECT_EQ(repeated.tokens, uncached.tokens);
-  expect_same_logprobs(repeated.logprobs, uncached.logprobs);
-  ASSERT_EQ(repeated.logprobs.front().top.size(), 256u);  // the whole distribution: the logits up to a constant
-  EXPECT_EQ(extended.tokens, uncached_longer.tokens);
-  expect_same_logprobs(extended.logprobs, uncached_longer.logprobs);
+    EXPECT_EQ(repeated.tokens, uncached.tokens);
+    expect_same_logprobs(repeated.logprobs, uncached.logprobs);
+    ASSERT_EQ(repeated.logprobs.front().top.size(), 256u);  // the whole distribution: the logits up to a constant
+    EXPECT_EQ(extended.tokens, uncached_longer.tokens);
+    expect_same_logprobs(extended.logprobs, uncached_longer.logprobs);
+  }
 }
 
 TEST(EngineCore, PreemptionWithATinyCacheRecomputesAndChangesNoToken) {
