@@ -1,9 +1,12 @@
 // A fixed pool of worker threads for data-parallel loops on the CPU backend.
 // parallel_for splits [0, n) into contiguous ranges, one per worker, and returns when all are done. Each range is
 // computed by exactly one thread in a fixed order, so results do not depend on timing (and, for reductions kept
-// inside one range, not on the thread count either).
+// inside one range, not on the thread count either). A forward calls it for every op, often a few microseconds of
+// work each, so waiting threads spin briefly before they sleep: a worker woken through the condition variable for
+// each op spent more time in the kernel's scheduler than in the op.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -38,9 +41,10 @@ private:
   const std::function<void(int64_t, int64_t)>* body_ = nullptr;
   int64_t n_ = 0;
   int num_ranges_ = 0;
-  int pending_ = 0;
-  uint64_t generation_ = 0;
-  bool stopping_ = false;
+  // Written under mutex_; atomic so that the spinning threads can read them without it.
+  std::atomic<int> pending_ = 0;
+  std::atomic<uint64_t> generation_ = 0;
+  std::atomic<bool> stopping_ = false;
 };
 
 }  // namespace kestrel

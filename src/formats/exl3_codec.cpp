@@ -5,6 +5,7 @@
 #include <memory>
 #include <vector>
 
+#include "base/error.h"
 #include "base/numeric.h"
 
 namespace kestrel::exl3 {
@@ -117,15 +118,39 @@ TileCoord tile_coord(int position) {
   return TileCoord{static_cast<uint8_t>(row), static_cast<uint8_t>(col)};
 }
 
-void unpack_tile(const uint16_t* record, int bits, uint16_t states[kTileElements]) {
-  const int stream_bits = kTileElements * bits, num_words = 8 * bits;
+namespace {
+
+// unpack_tile for a fixed bit width: the record's words are read once into registers (the first repeated after the
+// last, for the window that wraps), and every window's word and shift are compile-time constants after unrolling.
+// A generic loop with the modular arithmetic per state took half the CPU backend's decode time.
+template <int Bits>
+void unpack_tile_bits(const uint16_t* record, uint16_t states[kTileElements]) {
+  constexpr int kWords = 8 * Bits, kStreamBits = kTileElements * Bits;
+  uint32_t words[kWords + 1];
+  for (int w = 0; w < kWords; ++w) words[w] = stream_word(record, w);
+  words[kWords] = words[0];
   for (int p = 0; p < kTileElements; ++p) {
     // State p is the 16-bit window ending at bit (p + 1) * bits, wrapping around the circular stream (§2.4).
-    const int start = ((p + 1) * bits - 16 + stream_bits) % stream_bits;
-    const int word = start / 32, shift = start % 32;
-    const uint64_t pair = (static_cast<uint64_t>(stream_word(record, word)) << 32) |
-                          stream_word(record, (word + 1) % num_words);
+    const int start = (p + 1) * Bits - 16 < 0 ? (p + 1) * Bits - 16 + kStreamBits : (p + 1) * Bits - 16;
+    const int word = start >> 5, shift = start & 31;
+    const uint64_t pair = (static_cast<uint64_t>(words[word]) << 32) | words[word + 1];
     states[p] = static_cast<uint16_t>(pair >> (48 - shift));
+  }
+}
+
+}  // namespace
+
+void unpack_tile(const uint16_t* record, int bits, uint16_t states[kTileElements]) {
+  switch (bits) {
+    case 1: return unpack_tile_bits<1>(record, states);
+    case 2: return unpack_tile_bits<2>(record, states);
+    case 3: return unpack_tile_bits<3>(record, states);
+    case 4: return unpack_tile_bits<4>(record, states);
+    case 5: return unpack_tile_bits<5>(record, states);
+    case 6: return unpack_tile_bits<6>(record, states);
+    case 7: return unpack_tile_bits<7>(record, states);
+    case 8: return unpack_tile_bits<8>(record, states);
+    default: fail("EXL3 tile with {} bits per weight (1 to 8 are defined)", bits);
   }
 }
 
