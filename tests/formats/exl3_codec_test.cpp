@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "base/error.h"
 #include "base/npy.h"
 #include "base/numeric.h"
 #include "formats/exl3_codec.h"
@@ -210,6 +211,14 @@ TEST(Exl3CodecTest, AnyPayloadDecodesAndRepacks) {
     pack_tile(states.data(), bits, repacked.data());
     EXPECT_EQ(repacked, payload) << "K = " << bits;
   }
+}
+
+// Widths outside 1..8 have no stream layout: an Error, not a read past the record.
+TEST(Exl3CodecTest, UnpackRefusesUndefinedBitWidths) {
+  std::vector<uint16_t> record(16 * 9, 0);
+  std::array<uint16_t, 256> states{};
+  EXPECT_THROW(unpack_tile(record.data(), 9, states.data()), Error);
+  EXPECT_THROW(unpack_tile(record.data(), 0, states.data()), Error);
 }
 
 // --- Decode ---
