@@ -129,6 +129,7 @@ void unpack_tile_bits(const uint16_t* record, uint16_t states[kTileElements]) {
   uint32_t words[kWords + 1];
   for (int w = 0; w < kWords; ++w) words[w] = stream_word(record, w);
   words[kWords] = words[0];
+#pragma GCC unroll 256
   for (int p = 0; p < kTileElements; ++p) {
     // State p is the 16-bit window ending at bit (p + 1) * bits, wrapping around the circular stream (§2.4).
     const int start = (p + 1) * Bits - 16 < 0 ? (p + 1) * Bits - 16 + kStreamBits : (p + 1) * Bits - 16;
