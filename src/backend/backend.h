@@ -122,9 +122,6 @@ public:
   virtual void copy(void* dst, const void* src, size_t bytes) = 0;
   // The memory of a device of its own, or nothing for host memory.
   virtual std::optional<DeviceMemory> device_memory() = 0;
-  // Whether forwards of different sequences may run at once on different threads (the CPU's ops are stateless; a
-  // GPU backend queues everything on one stream and takes one forward at a time).
-  virtual bool concurrent_forwards() const = 0;
 
   // Weights into the backend's memory, once at load, before any op uses them. A LinearWeight used by linear() or
   // embed() and a WeightVector get `placed` set (or nothing, when the backend reads the host copy as it is);

@@ -24,7 +24,6 @@ struct EngineConfig {
   bool enable_prefix_caching = true;
   int64_t num_kda_snapshots = 0;         // 0: 2 per sequence slot
   int64_t max_logprobs = 20;
-  bool parallel_sequences = true;        // run short chunks of different sequences in parallel
   std::vector<int32_t> eos_token_ids{};  // end a request unless ignore_eos (config.json and generation_config.json)
 };
 

@@ -59,7 +59,7 @@ EngineCore::EngineCore(const Glm5NextConfig& model, Backend& backend, ModelRunne
                                  .wait_for_shared_prompt = config_.enable_prefix_caching,
                                  .eos_token_ids = config_.eos_token_ids},
                  cache_),
-      runner_(std::move(forward), config_.block_size, config_.parallel_sequences && backend.concurrent_forwards()) {
+      runner_(std::move(forward), config_.block_size) {
   log_info("engine: max_model_len {}, max_num_seqs {}, max_num_batched_tokens {}, {} blocks of {} tokens, prefix "
            "caching {}, {} KDA snapshots of {:.1f} MiB",
            config_.max_model_len, config_.max_num_seqs, config_.max_num_batched_tokens, config_.num_blocks,

@@ -1,16 +1,14 @@
 #include "engine/model_runner.h"
 
 #include <algorithm>
-#include <exception>
 #include <utility>
 
 #include "base/error.h"
-#include "base/thread_pool.h"
 
 namespace kestrel {
 
-ModelRunner::ModelRunner(Forward forward, int64_t block_size, bool parallel_sequences)
-    : forward_(std::move(forward)), block_size_(block_size), parallel_sequences_(parallel_sequences) {}
+ModelRunner::ModelRunner(Forward forward, int64_t block_size)
+    : forward_(std::move(forward)), block_size_(block_size) {}
 
 ModelRunner::Cursor ModelRunner::start(const ScheduledChunk& chunk) const {
   const Request& request = *chunk.request;
@@ -38,22 +36,7 @@ void ModelRunner::advance(Cursor& cursor, int64_t end, std::vector<float> logits
   }
 }
 
-std::vector<float> ModelRunner::run_chunk(const ScheduledChunk& chunk) {
-  Cursor cursor = start(chunk);
-  while (!cursor.done()) {
-    const SequenceCall call = next_call(cursor);
-    advance(cursor, cursor.position + static_cast<int64_t>(call.tokens.size()),
-            std::move(forward_(std::span(&call, 1)).front()));
-  }
-  if (!chunk.samples()) cursor.logits.clear();
-  return std::move(cursor.logits);
-}
-
 std::vector<std::vector<float>> ModelRunner::execute(const SchedulerOutput& output) {
-  return parallel_sequences_ ? execute_parallel(output) : execute_batched(output);
-}
-
-std::vector<std::vector<float>> ModelRunner::execute_batched(const SchedulerOutput& output) {
   std::vector<Cursor> cursors;
   cursors.reserve(output.chunks.size());
   for (const ScheduledChunk& chunk : output.chunks) cursors.push_back(start(chunk));
@@ -78,34 +61,6 @@ std::vector<std::vector<float>> ModelRunner::execute_batched(const SchedulerOutp
     if (cursors[i].chunk->samples()) last[i] = std::move(cursors[i].logits);
   }
   return last;
-}
-
-std::vector<std::vector<float>> ModelRunner::execute_parallel(const SchedulerOutput& output) {
-  const auto& chunks = output.chunks;
-  std::vector<std::vector<float>> logits(chunks.size());
-  std::vector<size_t> small;
-  for (size_t i = 0; i < chunks.size(); ++i) {
-    if (chunks[i].end - chunks[i].start <= block_size_) {
-      small.push_back(i);
-    } else {
-      logits[i] = run_chunk(chunks[i]);
-    }
-  }
-  // Pool workers must not throw: errors are carried out and rethrown here.
-  std::vector<std::exception_ptr> errors(small.size());
-  ThreadPool::global().parallel_for(static_cast<int64_t>(small.size()), [&](int64_t begin, int64_t end) {
-    for (int64_t k = begin; k < end; ++k) {
-      try {
-        logits[small[static_cast<size_t>(k)]] = run_chunk(chunks[small[static_cast<size_t>(k)]]);
-      } catch (...) {
-        errors[static_cast<size_t>(k)] = std::current_exception();
-      }
-    }
-  });
-  for (const auto& error : errors) {
-    if (error) std::rethrow_exception(error);
-  }
-  return logits;
 }
 
 }  // namespace kestrel

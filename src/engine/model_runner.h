@@ -1,17 +1,10 @@
 // The model runner: computes the chunks the scheduler picked through the model's forward, and takes the KDA snapshots
 // the cache manager planned. A chunk is split into forward calls by a rule that depends only on the request's tokens:
 // within the prompt one call per cache block (so every block boundary is a point where the KDA state can be
-// snapshot), after the prompt one call per token.
-//
-// Two ways to run a step, by backend:
-// - batched (a GPU): in rounds, each round one forward pass over the next call of every unfinished chunk, so that
-//   the decode steps of all running sequences (and the next block of each prefill) read the weights once;
-// - parallel (the CPU): chunks of at most one block run on the global thread pool, one sequence per worker (each
-//   forward then runs its ops serially in one worker, which gives the same results: every op reduces each output
-//   element in a fixed order in one thread); longer chunks run one after another with the pool inside each op. This
-//   relies on the forward being re-entrant across sequences — Glm5NextModel's forward touches only its sequences,
-//   its read-only weights and a stateless backend — and on block tables being sized beforehand
-//   (CacheManager::allocate), so no forward allocates.
+// snapshot), after the prompt one call per token. A step runs in rounds, each one batched forward pass over the next
+// call of every unfinished chunk, so that the decode steps of all running sequences (and the next block of each
+// prefill) read the weights once. (Giving each sequence its own CPU thread instead served the embedded model 1.5x
+// slower on 2 cores.)
 #pragma once
 
 #include <cstdint>
@@ -29,7 +22,7 @@ public:
   // Appends each call's tokens to its sequence in one pass; entry i holds the logits of call i's last token, [vocab].
   using Forward = std::function<std::vector<std::vector<float>>(std::span<const SequenceCall> calls)>;
 
-  ModelRunner(Forward forward, int64_t block_size, bool parallel_sequences);
+  ModelRunner(Forward forward, int64_t block_size);
 
   // Computes every chunk; entry i holds chunk i's last logits when it samples, else nothing.
   std::vector<std::vector<float>> execute(const SchedulerOutput& output);
@@ -47,13 +40,9 @@ private:
   SequenceCall next_call(const Cursor& cursor) const;
   // Records a finished call's logits and takes the snapshots due where it ended.
   static void advance(Cursor& cursor, int64_t end, std::vector<float> logits);
-  std::vector<float> run_chunk(const ScheduledChunk& chunk);
-  std::vector<std::vector<float>> execute_batched(const SchedulerOutput& output);
-  std::vector<std::vector<float>> execute_parallel(const SchedulerOutput& output);
 
   Forward forward_;
   int64_t block_size_;
-  bool parallel_sequences_;
 };
 
 }  // namespace kestrel

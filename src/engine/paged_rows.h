@@ -18,8 +18,8 @@ namespace kestrel {
 
 class Backend;
 
-// Hands out block ids. Not thread-safe: the engine sizes block tables on its own thread before forwards run in
-// parallel, so a forward never allocates.
+// Hands out block ids. Not thread-safe: the engine sizes block tables on its own thread before a forward runs, so a
+// forward never allocates.
 class BlockSource {
 public:
   virtual ~BlockSource() = default;
@@ -42,8 +42,8 @@ private:
 
 // Storage of one pool in the backend's memory: `block_rows` rows of `row_width` floats per block id, block b at
 // data() + b * block_rows * row_width (one array, so a GPU kernel reaches any block from the base). With
-// `num_blocks` given (the engine), the storage is made once and never moves, so forwards on different sequences
-// (different blocks) may run concurrently; without, it grows with reserve_blocks, which moves it.
+// `num_blocks` given (the engine), the storage is made once and never moves; without, it grows with reserve_blocks,
+// which moves it.
 class RowBlockPool {
 public:
   RowBlockPool(Backend& backend, int64_t row_width, int64_t block_rows, int64_t num_blocks = 0);

@@ -135,80 +135,71 @@ TEST(EngineCore, GreedyTokensEqualAPlainGreedyLoopOverTheModel) {
   EXPECT_EQ(alone.finish_reason, FinishReason::length);
 }
 
-// Both ways the runner computes a step (batched passes, as on a GPU; one sequence per thread, as on the CPU): a
-// request's tokens and log-probabilities do not depend on what else runs with it. The CPU ops compute each row alone,
-// so a batched pass reproduces a lone one exactly.
+// A request's tokens and log-probabilities do not depend on what else runs with it: the CPU ops compute each row
+// alone, so its rows in a batched pass equal those of a lone one exactly.
 TEST(EngineCore, BatchInvarianceTokensAndLogprobsAreTheSameAloneAndAmong16Others) {
-  for (const bool parallel : {true, false}) {
-    SCOPED_TRACE(parallel ? "parallel sequences" : "batched passes");
-    const EngineConfig config{.max_model_len = 256, .max_num_seqs = 17, .max_num_batched_tokens = 48,
-                              .parallel_sequences = parallel};
-    const Job target{.prompt = random_prompt(7, 37), .params = greedy(24, 5)};
-    const Completion alone = run_alone(config, target);
+  const EngineConfig config{.max_model_len = 256, .max_num_seqs = 17, .max_num_batched_tokens = 48};
+  const Job target{.prompt = random_prompt(7, 37), .params = greedy(24, 5)};
+  const Completion alone = run_alone(config, target);
 
-    std::vector<Job> jobs;
-    for (int i = 0; i < 16; ++i) {
-      SamplingParams params = greedy(8 + i % 5 * 4);
-      if (i % 3 == 0) params = SamplingParams{.temperature = 0.8f, .top_p = 0.9f, .seed = uint64_t(i), .max_tokens = 16};
-      // Some arrive with the target, some before and after it, so that it shares steps with prompts and decodes.
-      jobs.push_back({.prompt = random_prompt(100 + i, 1 + i * 5 % 70), .params = params, .start_step = i % 4});
-    }
-    jobs.insert(jobs.begin() + 8, Job{.prompt = target.prompt, .params = target.params, .start_step = 2});
-    EngineCore core(fixture_model(), config);
-    const auto sinks = run_jobs(core, jobs);
-    const Completion& batched = sinks[8]->completions.at(0);
-    EXPECT_EQ(batched.tokens, alone.tokens);
-    expect_same_logprobs(batched.logprobs, alone.logprobs);
-    EXPECT_GT(core.stats().scheduler.generation_tokens, 24 + 16 * 8);
+  std::vector<Job> jobs;
+  for (int i = 0; i < 16; ++i) {
+    SamplingParams params = greedy(8 + i % 5 * 4);
+    if (i % 3 == 0) params = SamplingParams{.temperature = 0.8f, .top_p = 0.9f, .seed = uint64_t(i), .max_tokens = 16};
+    // Some arrive with the target, some before and after it, so that it shares steps with prompts and decodes.
+    jobs.push_back({.prompt = random_prompt(100 + i, 1 + i * 5 % 70), .params = params, .start_step = i % 4});
+  }
+  jobs.insert(jobs.begin() + 8, Job{.prompt = target.prompt, .params = target.params, .start_step = 2});
+  EngineCore core(fixture_model(), config);
+  const auto sinks = run_jobs(core, jobs);
+  const Completion& batched = sinks[8]->completions.at(0);
+  EXPECT_EQ(batched.tokens, alone.tokens);
+  expect_same_logprobs(batched.logprobs, alone.logprobs);
+  EXPECT_GT(core.stats().scheduler.generation_tokens, 24 + 16 * 8);
 
-    // Every other greedy request too.
-    for (size_t j = 0; j < jobs.size(); ++j) {
-      if (j == 8 || !jobs[j].params.greedy()) continue;
-      EXPECT_EQ(sinks[j]->completions.at(0).tokens, run_alone(config, jobs[j]).tokens) << "job " << j;
-    }
+  // Every other greedy request too.
+  for (size_t j = 0; j < jobs.size(); ++j) {
+    if (j == 8 || !jobs[j].params.greedy()) continue;
+    EXPECT_EQ(sinks[j]->completions.at(0).tokens, run_alone(config, jobs[j]).tokens) << "job " << j;
   }
 }
 
-// In both ways the runner computes a step (the snapshots are taken between batched passes too).
 TEST(EngineCore, ARepeatedPromptIsServedFromThePrefixCacheWithIdenticalLogits) {
-  for (const bool parallel : {true, false}) {
-    SCOPED_TRACE(parallel ? "parallel sequences" : "batched passes");
-    EngineConfig config{.max_model_len = 256, .max_logprobs = 256, .parallel_sequences = parallel};
-    const std::vector<int32_t> prompt = random_prompt(3, 45);  // two full blocks of 16, then 13 tokens
-    const Job job{.prompt = prompt, .params = greedy(6, 256)};
-    std::vector<int32_t> follow_up = prompt;  // a later turn of the same conversation
-    follow_up.insert(follow_up.end(), {5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21});
-    const Job longer{.prompt = follow_up, .params = greedy(6, 256)};
+  EngineConfig config{.max_model_len = 256, .max_logprobs = 256};
+  const std::vector<int32_t> prompt = random_prompt(3, 45);  // two full blocks of 16, then 13 tokens
+  const Job job{.prompt = prompt, .params = greedy(6, 256)};
+  std::vector<int32_t> follow_up = prompt;  // a later turn of the same conversation
+  follow_up.insert(follow_up.end(), {5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21});
+  const Job longer{.prompt = follow_up, .params = greedy(6, 256)};
 
-    config.enable_prefix_caching = false;
-    const Completion uncached = run_alone(config, job);
-    const Completion uncached_longer = run_alone(config, longer);
-    EXPECT_EQ(uncached.num_cached_tokens, 0);
+  config.enable_prefix_caching = false;
+  const Completion uncached = run_alone(config, job);
+  const Completion uncached_longer = run_alone(config, longer);
+  EXPECT_EQ(uncached.num_cached_tokens, 0);
 
-    config.enable_prefix_caching = true;
-    EngineCore core(fixture_model(), config);
-    const Completion first = run_jobs(core, {job})[0]->completions.at(0);
-    const Completion repeated = run_jobs(core, {job})[0]->completions.at(0);
-    const Completion extended = run_jobs(core, {longer})[0]->completions.at(0);
-    EXPECT_EQ(first.num_cached_tokens, 0);
-    EXPECT_EQ(repeated.num_cached_tokens, 32);
-    EXPECT_EQ(extended.num_cached_tokens, 32);  // the first prompt's full blocks; its tail was never a full block
-    EXPECT_EQ(core.stats().cache.prefix_cache_queries, 45 + 45 + 62);
-    EXPECT_EQ(core.stats().cache.prefix_cache_hits, 32 + 32);
+  config.enable_prefix_caching = true;
+  EngineCore core(fixture_model(), config);
+  const Completion first = run_jobs(core, {job})[0]->completions.at(0);
+  const Completion repeated = run_jobs(core, {job})[0]->completions.at(0);
+  const Completion extended = run_jobs(core, {longer})[0]->completions.at(0);
+  EXPECT_EQ(first.num_cached_tokens, 0);
+  EXPECT_EQ(repeated.num_cached_tokens, 32);
+  EXPECT_EQ(extended.num_cached_tokens, 32);  // the first prompt's full blocks; its tail was never a full block
+  EXPECT_EQ(core.stats().cache.prefix_cache_queries, 45 + 45 + 62);
+  EXPECT_EQ(core.stats().cache.prefix_cache_hits, 32 + 32);
 
-    EXPECT_EQ(repeated.tokens, uncached.tokens);
-    expect_same_logprobs(repeated.logprobs, uncached.logprobs);
-    ASSERT_EQ(repeated.logprobs.front().top.size(), 256u);  // the whole distribution: the logits up to a constant
-    EXPECT_EQ(extended.tokens, uncached_longer.tokens);
-    expect_same_logprobs(extended.logprobs, uncached_longer.logprobs);
-  }
+  EXPECT_EQ(repeated.tokens, uncached.tokens);
+  expect_same_logprobs(repeated.logprobs, uncached.logprobs);
+  ASSERT_EQ(repeated.logprobs.front().top.size(), 256u);  // the whole distribution: the logits up to a constant
+  EXPECT_EQ(extended.tokens, uncached_longer.tokens);
+  expect_same_logprobs(extended.logprobs, uncached_longer.logprobs);
 }
 
 TEST(EngineCore, PreemptionWithATinyCacheRecomputesAndChangesNoToken) {
   // 4 blocks of 16 hold one sequence of max_model_len 64; 6 blocks cannot hold four growing ones.
   for (const bool prefix_caching : {false, true}) {
     const EngineConfig config{.max_model_len = 64, .max_num_seqs = 4, .num_blocks = 6,
-                              .enable_prefix_caching = prefix_caching, .parallel_sequences = !prefix_caching};
+                              .enable_prefix_caching = prefix_caching};
     std::vector<Job> jobs;
     for (int i = 0; i < 4; ++i) jobs.push_back({.prompt = random_prompt(40 + i, 18 + i), .params = greedy(30)});
     jobs[3].params = SamplingParams{.temperature = 1.0f, .seed = 5, .max_tokens = 30};  // its generator carries over

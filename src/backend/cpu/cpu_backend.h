@@ -20,7 +20,6 @@ public:
   void copy_to_host(void* host, const void* src, size_t bytes) override;
   void copy(void* dst, const void* src, size_t bytes) override;
   std::optional<DeviceMemory> device_memory() override { return std::nullopt; }
-  bool concurrent_forwards() const override { return true; }
 
   void place(LinearWeight& weight) override;
   void place(WeightVector& vector) override;

@@ -40,7 +40,6 @@ public:
   void copy_to_host(void* host, const void* src, size_t bytes) override;
   void copy(void* dst, const void* src, size_t bytes) override;
   std::optional<DeviceMemory> device_memory() override;
-  bool concurrent_forwards() const override { return false; }
 
   void place(LinearWeight& weight) override;
   void place(WeightVector& vector) override;
