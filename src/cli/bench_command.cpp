@@ -3,8 +3,8 @@
 // sequences decode `--steps` tokens each, a step being one token of every sequence (decode tokens/s over all S, and
 // ms per step). Alongside: the bytes one decoded token reads (the non-routed weights, top_k routed experts per MoE
 // layer, the cache rows the indexer scores and attention reads, the KDA state) and what that is per second at one
-// stream, against the backend's measured memory copy bandwidth. A decode step of S sequences is one batched forward pass (Glm5NextModel::forward_batch), as the engine
-// runs it.
+// stream, against the backend's measured memory copy bandwidth. A decode step of S sequences is one batched forward
+// pass (Glm5NextModel::forward_batch), as the engine runs it.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -186,9 +186,9 @@ Action add_bench_command(CLI::App& app) {
         (void)model->forward(*sequence, std::span(&next, 1), {.all_logits = false});
       }
       for (const int64_t count : o->sequences) {
-        const auto start = std::chrono::steady_clock::now();
         std::vector<int32_t> next(static_cast<size_t>(count));
         std::vector<SequenceCall> calls(static_cast<size_t>(count));
+        const auto start = std::chrono::steady_clock::now();
         for (int64_t step = 0; step < o->steps; ++step) {
           for (size_t s = 0; s < calls.size(); ++s) {
             next[s] = token(rng);

@@ -24,7 +24,8 @@ SequenceCall ModelRunner::next_call(const Cursor& cursor) const {
                                    : position + 1;
   return SequenceCall{.sequence = request.cache.state,
                       .tokens = std::span<const int32_t>(request.token_ids)
-                                    .subspan(static_cast<size_t>(position), static_cast<size_t>(end - position))};
+                                    .subspan(static_cast<size_t>(position), static_cast<size_t>(end - position)),
+                      .logits = end == cursor.chunk->end && cursor.chunk->samples()};
 }
 
 void ModelRunner::advance(Cursor& cursor, int64_t end, std::vector<float> logits) {
@@ -57,9 +58,7 @@ std::vector<std::vector<float>> ModelRunner::execute(const SchedulerOutput& outp
     }
   }
   std::vector<std::vector<float>> last(cursors.size());
-  for (size_t i = 0; i < cursors.size(); ++i) {
-    if (cursors[i].chunk->samples()) last[i] = std::move(cursors[i].logits);
-  }
+  for (size_t i = 0; i < cursors.size(); ++i) last[i] = std::move(cursors[i].logits);
   return last;
 }
 

@@ -19,7 +19,8 @@ namespace kestrel {
 
 class ModelRunner {
 public:
-  // Appends each call's tokens to its sequence in one pass; entry i holds the logits of call i's last token, [vocab].
+  // Appends each call's tokens to its sequence in one pass; entry i holds the logits of call i's last token, [vocab],
+  // when the call asks for them (the last call of a chunk that samples).
   using Forward = std::function<std::vector<std::vector<float>>(std::span<const SequenceCall> calls)>;
 
   ModelRunner(Forward forward, int64_t block_size);
@@ -33,7 +34,7 @@ private:
     const ScheduledChunk* chunk;
     int64_t position;
     size_t snapshot = 0;
-    std::vector<float> logits;
+    std::vector<float> logits;  // of the last call, when it asked for them
     bool done() const { return position == chunk->end; }
   };
   Cursor start(const ScheduledChunk& chunk) const;

@@ -58,7 +58,8 @@ std::vector<std::vector<float>> Glm5NextModel::forward_batch(std::span<const Seq
     rows.push_back(CallRows{.sequence = call.sequence,
                             .start = call.sequence->num_tokens(),
                             .offset = static_cast<int64_t>(tokens.size()),
-                            .count = static_cast<int64_t>(call.tokens.size())});
+                            .count = static_cast<int64_t>(call.tokens.size()),
+                            .logits = call.logits});
     call_of_rows.push_back(i);
     tokens.insert(tokens.end(), call.tokens.begin(), call.tokens.end());
   }
@@ -112,25 +113,29 @@ std::vector<std::vector<float>> Glm5NextModel::forward_batch(std::span<const Seq
   }
   for (const CallRows& call : rows) call.sequence->advance(call.count);
 
-  // Final collapse is a plain mean of the streams, then the norm and the head: for every row, or each call's last.
-  const int64_t head_rows = options.all_logits ? T : static_cast<int64_t>(rows.size());
-  if (options.all_logits) {
-    backend_.stream_mean(streams, T, hc, D, x);
-  } else {
-    for (size_t k = 0; k < rows.size(); ++k) {
-      const int64_t last = rows[k].offset + rows[k].count - 1;
-      backend_.stream_mean(streams + last * hc * D, 1, hc, D, x + static_cast<int64_t>(k) * D);
-    }
+  // Final collapse is a plain mean of the streams, then the norm and the head: for every row, or each call's last,
+  // of the calls that want logits, gathered into consecutive rows.
+  std::vector<int64_t> head_row(rows.size(), -1);  // each call's first row in the head's input
+  int64_t head_rows = 0;
+  for (size_t k = 0; k < rows.size(); ++k) {
+    if (!rows[k].logits) continue;
+    const int64_t count = options.all_logits ? rows[k].count : 1;
+    const int64_t first = rows[k].offset + rows[k].count - count;
+    backend_.stream_mean(streams + first * hc * D, count, hc, D, x + head_rows * D);
+    head_row[k] = head_rows;
+    head_rows += count;
   }
+  if (head_rows == 0) return logits;
   backend_.rms_norm(x, head_rows, D, weights_.final_norm.data(), eps, normed);
   float* head = ws.floats(head_rows * c.vocab_size);
   backend_.linear(normed, head_rows, weights_.lm_head, head);
   std::vector<float> host(static_cast<size_t>(head_rows * c.vocab_size));
   backend_.copy_to_host(host.data(), head, host.size() * sizeof(float));
   for (size_t k = 0; k < rows.size(); ++k) {
-    const int64_t first = options.all_logits ? rows[k].offset : static_cast<int64_t>(k);
+    if (head_row[k] < 0) continue;
     const int64_t count = options.all_logits ? rows[k].count : 1;
-    logits[call_of_rows[k]].assign(host.begin() + first * c.vocab_size, host.begin() + (first + count) * c.vocab_size);
+    logits[call_of_rows[k]].assign(host.begin() + head_row[k] * c.vocab_size,
+                                   host.begin() + (head_row[k] + count) * c.vocab_size);
   }
   return logits;
 }

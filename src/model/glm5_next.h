@@ -42,6 +42,7 @@ struct ForwardOptions {
 struct SequenceCall {
   SequenceState* sequence;
   std::span<const int32_t> tokens;
+  bool logits = true;  // false: nothing goes through the head for this call (a prompt block before the last)
 };
 
 class Glm5NextModel {
@@ -60,7 +61,7 @@ public:
   std::vector<float> forward(SequenceState& sequence, std::span<const int32_t> tokens,
                              const ForwardOptions& options = {});
   // The same for several distinct sequences in one pass: entry i holds call i's logits as forward() returns them.
-  // Calls with no tokens get none; a sequence named twice is an Error.
+  // Calls with no tokens or without `logits` get none; a sequence named twice is an Error.
   std::vector<std::vector<float>> forward_batch(std::span<const SequenceCall> calls, const ForwardOptions& options = {});
 
   // Installs (or, with nullptr, removes) the input observer; the forward pays nothing extra without one.
@@ -75,6 +76,7 @@ private:
     int64_t start;   // tokens the sequence held before the pass
     int64_t offset;  // first row of the pass
     int64_t count;
+    bool logits;
   };
   // Each block reads the normalised sub-block input x [T, hidden] of all the pass's rows and writes its output
   // [T, hidden]; its temporaries come from the forward's workspace and go back to it when the block returns.
