@@ -120,6 +120,8 @@ public:
   virtual void copy_to_backend(void* dst, const void* host, size_t bytes) = 0;
   virtual void copy_to_host(void* host, const void* src, size_t bytes) = 0;
   virtual void copy(void* dst, const void* src, size_t bytes) = 0;
+  // Returns when every op queued so far has finished (a host backend's ops finish before they return).
+  virtual void synchronize() {}
   // The memory of a device of its own, or nothing for host memory.
   virtual std::optional<DeviceMemory> device_memory() = 0;
 

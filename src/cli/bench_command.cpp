@@ -4,7 +4,8 @@
 // ms per step). Alongside: the bytes one decoded token reads (the non-routed weights, top_k routed experts per MoE
 // layer, the cache rows the indexer scores and attention reads, the KDA state) and what that is per second at one
 // stream, against the backend's measured memory copy bandwidth. A decode step of S sequences is one batched forward
-// pass (Glm5NextModel::forward_batch), as the engine runs it.
+// pass (Glm5NextModel::forward_batch), as the engine runs it. With --profile, each measurement is followed by a
+// profiled one: where a step's time goes, by part of the model.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -118,6 +119,19 @@ double cache_bytes_per_token(const Glm5NextConfig& c, int64_t context) {
   return 4.0 * (dsa_layers * per_layer + 2.0 * static_cast<double>(SequenceState::kda_state_size(c)));
 }
 
+// A decode profile as ms per step by part, largest first, with each part's share of the profiled total.
+void print_profile(const ForwardProfile& profile, int64_t steps) {
+  std::vector<ForwardProfile::Part> parts = profile.parts;
+  std::sort(parts.begin(), parts.end(), [](const auto& a, const auto& b) { return a.seconds > b.seconds; });
+  const double total = profile.total_seconds();
+  std::printf("    profile (synchronised parts): %.3f ms per step\n", total * 1e3 / static_cast<double>(steps));
+  for (const ForwardProfile::Part& part : parts) {
+    std::printf("    %-32s %8.3f ms per step %5.1f %%  (runs %lld times a step)\n", part.name.c_str(),
+                part.seconds * 1e3 / static_cast<double>(steps), 100.0 * part.seconds / total,
+                static_cast<long long>(part.count / steps));
+  }
+}
+
 }  // namespace
 
 Action add_bench_command(CLI::App& app) {
@@ -126,6 +140,7 @@ Action add_bench_command(CLI::App& app) {
     std::vector<int64_t> contexts{1024}, sequences{1, 4};
     int64_t steps = 32, chunk = 2048;
     uint32_t seed = 1;
+    bool profile = false;
   };
   auto o = std::make_shared<Options>();
   CLI::App* cmd = app.add_subcommand("bench", "Prefill and decode speed of a model on this machine (no server)");
@@ -140,6 +155,9 @@ Action add_bench_command(CLI::App& app) {
   cmd->add_option("--steps", o->steps, "Decode steps per measurement")->capture_default_str();
   cmd->add_option("--prefill-chunk", o->chunk, "Tokens per prefill forward call")->capture_default_str();
   cmd->add_option("--seed", o->seed, "Seed of the random tokens")->capture_default_str();
+  cmd->add_flag("--profile", o->profile,
+                "After each decode measurement, as many steps again with the time of each part of the model "
+                "(each part synchronised, so the parts add up to more than a step)");
   return [cmd, o]() -> int {
     if (!cmd->parsed()) return -1;
     require(o->steps >= 1, "--steps must be at least 1");
@@ -188,14 +206,17 @@ Action add_bench_command(CLI::App& app) {
       for (const int64_t count : o->sequences) {
         std::vector<int32_t> next(static_cast<size_t>(count));
         std::vector<SequenceCall> calls(static_cast<size_t>(count));
-        const auto start = std::chrono::steady_clock::now();
-        for (int64_t step = 0; step < o->steps; ++step) {
-          for (size_t s = 0; s < calls.size(); ++s) {
-            next[s] = token(rng);
-            calls[s] = SequenceCall{.sequence = sequences[s].get(), .tokens = std::span(&next[s], 1)};
+        const auto decode = [&](ForwardProfile* profile) {
+          for (int64_t step = 0; step < o->steps; ++step) {
+            for (size_t s = 0; s < calls.size(); ++s) {
+              next[s] = token(rng);
+              calls[s] = SequenceCall{.sequence = sequences[s].get(), .tokens = std::span(&next[s], 1)};
+            }
+            (void)model->forward_batch(calls, {.all_logits = false, .profile = profile});
           }
-          (void)model->forward_batch(calls, {.all_logits = false});
-        }
+        };
+        const auto start = std::chrono::steady_clock::now();
+        decode(nullptr);
         const double elapsed = seconds_since(start);
         const double step_seconds = elapsed / static_cast<double>(o->steps);
         std::printf("  decode, %lld sequences: %.1f tokens/s, %.3f ms per step", static_cast<long long>(count),
@@ -206,6 +227,11 @@ Action add_bench_command(CLI::App& app) {
                       100.0 * rate / bandwidth);
         }
         std::printf("\n");
+        if (o->profile) {
+          ForwardProfile profile;
+          decode(&profile);
+          print_profile(profile, o->steps);
+        }
       }
     }
     return 0;

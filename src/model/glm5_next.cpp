@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 
 #include "base/error.h"
 #include "base/log.h"
@@ -66,6 +67,7 @@ std::vector<std::vector<float>> Glm5NextModel::forward_batch(std::span<const Seq
   std::vector<std::vector<float>> logits(calls.size());
   const auto T = static_cast<int64_t>(tokens.size());
   if (T == 0) return logits;
+  profile_ = options.profile;
   const MhcShape mhc{.num_tokens = T,
                      .hc_mult = hc,
                      .hidden = D,
@@ -84,8 +86,11 @@ std::vector<std::vector<float>> Glm5NextModel::forward_batch(std::span<const Seq
   float* block_out = ws.floats(T * D);
   float* post = ws.floats(T * hc);
   float* comb = ws.floats(T * hc * hc);
-  backend_.embed(ids, T, weights_.embed_tokens, x);
-  backend_.stream_expand(x, T, hc, D, streams);
+  {
+    const ProfileScope part(profile_, backend_, "embedding");
+    backend_.embed(ids, T, weights_.embed_tokens, x);
+    backend_.stream_expand(x, T, hc, D, streams);
+  }
 
   // The positions chosen by the last full indexer layer, reused by a following "shared" layer.
   const int64_t stride = indexer_max_positions(c.index_topk / c.index_kpool, c.index_kpool);
@@ -93,22 +98,29 @@ std::vector<std::vector<float>> Glm5NextModel::forward_batch(std::span<const Seq
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     const LayerWeights& layer = weights_.layers[static_cast<size_t>(i)];
 
-    backend_.mhc_pre(mhc, layer.attn_hc, streams, post, comb, x);
-    backend_.rms_norm(x, T, D, layer.input_norm.data(), eps, normed);
+    {
+      const ProfileScope part(profile_, backend_, "mhc and norms");
+      backend_.mhc_pre(mhc, layer.attn_hc, streams, post, comb, x);
+      backend_.rms_norm(x, T, D, layer.input_norm.data(), eps, normed);
+    }
     if (layer.type == LayerType::linear_attention) {
       kda_block(ws, layer.kda, i, rows, normed, T, block_out);
     } else {
       mla_block(ws, layer.mla, i, rows, normed, T, selection, block_out);
     }
-    backend_.mhc_post(mhc, post, comb, block_out, streams);
-
-    backend_.mhc_pre(mhc, layer.ffn_hc, streams, post, comb, x);
-    backend_.rms_norm(x, T, D, layer.post_attention_norm.data(), eps, normed);
+    {
+      const ProfileScope part(profile_, backend_, "mhc and norms");
+      backend_.mhc_post(mhc, post, comb, block_out, streams);
+      backend_.mhc_pre(mhc, layer.ffn_hc, streams, post, comb, x);
+      backend_.rms_norm(x, T, D, layer.post_attention_norm.data(), eps, normed);
+    }
     if (layer.mlp_type == MlpType::dense) {
+      const ProfileScope part(profile_, backend_, "dense mlp");
       mlp_block(ws, layer.dense, normed, T, block_out);
     } else {
       moe_block(ws, layer.moe, normed, T, block_out);
     }
+    const ProfileScope part(profile_, backend_, "mhc and norms");
     backend_.mhc_post(mhc, post, comb, block_out, streams);
   }
   for (const CallRows& call : rows) call.sequence->advance(call.count);
@@ -121,16 +133,23 @@ std::vector<std::vector<float>> Glm5NextModel::forward_batch(std::span<const Seq
     if (!rows[k].logits) continue;
     const int64_t count = options.all_logits ? rows[k].count : 1;
     const int64_t first = rows[k].offset + rows[k].count - count;
+    const ProfileScope part(profile_, backend_, "head");
     backend_.stream_mean(streams + first * hc * D, count, hc, D, x + head_rows * D);
     head_row[k] = head_rows;
     head_rows += count;
   }
   if (head_rows == 0) return logits;
-  backend_.rms_norm(x, head_rows, D, weights_.final_norm.data(), eps, normed);
   float* head = ws.floats(head_rows * c.vocab_size);
-  backend_.linear(normed, head_rows, weights_.lm_head, head);
+  {
+    const ProfileScope part(profile_, backend_, "head");
+    backend_.rms_norm(x, head_rows, D, weights_.final_norm.data(), eps, normed);
+    backend_.linear(normed, head_rows, weights_.lm_head, head);
+  }
   std::vector<float> host(static_cast<size_t>(head_rows * c.vocab_size));
-  backend_.copy_to_host(host.data(), head, host.size() * sizeof(float));
+  {
+    const ProfileScope part(profile_, backend_, "logits to host");
+    backend_.copy_to_host(host.data(), head, host.size() * sizeof(float));
+  }
   for (size_t k = 0; k < rows.size(); ++k) {
     if (head_row[k] < 0) continue;
     const int64_t count = options.all_logits ? rows[k].count : 1;
@@ -151,10 +170,14 @@ void Glm5NextModel::kda_block(Workspace& ws, const KdaWeights& w, int64_t layer,
   float* q = ws.floats(T * C);
   float* k = ws.floats(T * C);
   float* v = ws.floats(T * C);
-  backend_.linear(x, T, w.q_proj, q_in);
-  backend_.linear(x, T, w.k_proj, k_in);
-  backend_.linear(x, T, w.v_proj, v_in);
+  {
+    const ProfileScope part(profile_, backend_, "kda projections");
+    backend_.linear(x, T, w.q_proj, q_in);
+    backend_.linear(x, T, w.k_proj, k_in);
+    backend_.linear(x, T, w.v_proj, v_in);
+  }
   for (const CallRows& call : calls) {
+    const ProfileScope part(profile_, backend_, "kda convolution and recurrence");
     float* conv_state = call.sequence->kda(layer).conv.data();  // [3, K-1, C]
     const int64_t r = call.offset * C;
     backend_.causal_conv_silu(q_in + r, call.count, C, K, w.q_conv.data(), conv_state, q + r);
@@ -167,15 +190,20 @@ void Glm5NextModel::kda_block(Workspace& ws, const KdaWeights& w, int64_t layer,
   float* f = ws.floats(T * C);
   float* g = ws.floats(T * C);
   float* beta = ws.floats(T * H);
-  backend_.linear(x, T, w.f_a_proj, f_low);
-  backend_.linear(f_low, T, w.f_b_proj, f);
-  const float lower_bound = c.linear_lower_bound ? static_cast<float>(*c.linear_lower_bound) : 0.0f;
-  backend_.kda_gate(f, T, H, Dh, w.a_log.data(), w.dt_bias.data(), c.linear_lower_bound ? &lower_bound : nullptr, g);
-  backend_.linear(x, T, w.b_proj, beta);
-  backend_.sigmoid(beta, T * H);
+  {
+    const ProfileScope part(profile_, backend_, "kda projections");
+    backend_.linear(x, T, w.f_a_proj, f_low);
+    backend_.linear(f_low, T, w.f_b_proj, f);
+    const float lower_bound = c.linear_lower_bound ? static_cast<float>(*c.linear_lower_bound) : 0.0f;
+    backend_.kda_gate(f, T, H, Dh, w.a_log.data(), w.dt_bias.data(), c.linear_lower_bound ? &lower_bound : nullptr,
+                      g);
+    backend_.linear(x, T, w.b_proj, beta);
+    backend_.sigmoid(beta, T * H);
+  }
 
   float* attended = ws.floats(T * C);
   for (const CallRows& call : calls) {
+    const ProfileScope part(profile_, backend_, "kda convolution and recurrence");
     const int64_t r = call.offset * C;
     const KdaArgs args{.num_tokens = call.count, .num_heads = H, .head_dim = Dh, .q = q + r, .k = k + r, .v = v + r,
                        .g = g + r, .beta = beta + call.offset * H,
@@ -191,6 +219,7 @@ void Glm5NextModel::kda_block(Workspace& ws, const KdaWeights& w, int64_t layer,
   float* gate_low = ws.floats(T * Dh);
   float* gate = ws.floats(T * C);
   float* gated = ws.floats(T * C);
+  const ProfileScope part(profile_, backend_, "kda projections");
   backend_.linear(x, T, w.g_a_proj, gate_low);
   backend_.linear(gate_low, T, w.g_b_proj, gate);
   backend_.gated_rms_norm(attended, gate, T * H, Dh, w.o_norm.data(), static_cast<float>(c.rms_norm_eps), gated);
@@ -207,14 +236,17 @@ void Glm5NextModel::mla_block(Workspace& ws, const MlaWeights& w, int64_t layer,
   float* q_low = ws.floats(T * c.q_lora_rank);
   float* q_resid = ws.floats(T * c.q_lora_rank);
   float* query = ws.floats(T * H * c.qk_head_dim);
-  backend_.linear(x, T, w.q_a_proj, q_low);
-  backend_.rms_norm(q_low, T, c.q_lora_rank, w.q_a_norm.data(), eps, q_resid);
-  backend_.linear(q_resid, T, w.q_b_proj, query);
-
   // The cached latent: c = RMSNorm(kv_a_proj x), one row of kv_lora_rank per token.
   float* kv_low = ws.floats(T * rank);
-  backend_.linear(x, T, w.kv_a_proj, kv_low);
+  {
+    const ProfileScope part(profile_, backend_, "mla projections");
+    backend_.linear(x, T, w.q_a_proj, q_low);
+    backend_.rms_norm(q_low, T, c.q_lora_rank, w.q_a_norm.data(), eps, q_resid);
+    backend_.linear(q_resid, T, w.q_b_proj, query);
+    backend_.linear(x, T, w.kv_a_proj, kv_low);
+  }
   for (const CallRows& call : calls) {
+    const ProfileScope part(profile_, backend_, "mla cache appends");
     MlaLayerState& state = call.sequence->mla(layer);
     for (int64_t t = 0; t < call.count;) {
       const RowRun run = state.latents.append_run(call.count - t);
@@ -230,9 +262,16 @@ void Glm5NextModel::mla_block(Workspace& ws, const MlaWeights& w, int64_t layer,
     float* gates = ws.floats(T * dim);
     float* iq = ws.floats(T * IH * dim);
     float* iw = ws.floats(T * IH);
-    backend_.linear(x, T, ix.wk, keys);
-    backend_.linear(x, T, ix.compress_gate, gates);
+    {
+      const ProfileScope part(profile_, backend_, "dsa indexer projections");
+      backend_.linear(x, T, ix.wk, keys);
+      backend_.linear(x, T, ix.compress_gate, gates);
+      backend_.linear(q_resid, T, ix.wq_b, iq);
+      backend_.linear(x, T, ix.weights_proj, iw);
+      backend_.scale(iw, T * IH, 1.0f / std::sqrt(static_cast<float>(IH)));
+    }
     for (const CallRows& call : calls) {
+      const ProfileScope part(profile_, backend_, "mla cache appends");
       MlaLayerState& state = call.sequence->mla(layer);
       for (int64_t t = 0; t < call.count;) {
         const RowRun run = state.index_keys.append_run(call.count - t);
@@ -249,10 +288,8 @@ void Glm5NextModel::mla_block(Workspace& ws, const MlaWeights& w, int64_t layer,
                                 state.pooled_keys.append());
       }
     }
-    backend_.linear(q_resid, T, ix.wq_b, iq);
-    backend_.linear(x, T, ix.weights_proj, iw);
-    backend_.scale(iw, T * IH, 1.0f / std::sqrt(static_cast<float>(IH)));
     for (const CallRows& call : calls) {
+      const ProfileScope part(profile_, backend_, "dsa indexer select");
       backend_.indexer_select(IndexerArgs{.num_tokens = call.count,
                                           .start = call.start,
                                           .num_heads = IH,
@@ -274,6 +311,7 @@ void Glm5NextModel::mla_block(Workspace& ws, const MlaWeights& w, int64_t layer,
   require(selection.made, "DSA layer has no token selection to reuse");
   float* attended = ws.floats(T * H * c.v_head_dim);
   for (const CallRows& call : calls) {
+    const ProfileScope part(profile_, backend_, "mla attention");
     backend_.sparse_mla_attention(SparseMlaArgs{.num_tokens = call.count,
                                                 .num_heads = H,
                                                 .qk_head_dim = c.qk_head_dim,
@@ -288,6 +326,7 @@ void Glm5NextModel::mla_block(Workspace& ws, const MlaWeights& w, int64_t layer,
                                                 .positions_stride = selection.stride,
                                                 .out = attended + call.offset * H * c.v_head_dim});
   }
+  const ProfileScope part(profile_, backend_, "mla projections");
   backend_.linear(attended, T, w.o_proj, out);
 }
 
@@ -310,6 +349,7 @@ void Glm5NextModel::moe_block(Workspace& ws, const MoeWeights& w, const float* x
   float* router_logits = ws.floats(T * E);
   float* expert_weights = ws.floats(T * k);
   int32_t* expert_ids = ws.int32s(T * k);
+  std::optional<ProfileScope> part(std::in_place, profile_, backend_, "moe router");
   backend_.linear(x, T, w.router, router_logits);
   backend_.route_experts(RouterArgs{.num_tokens = T,
                                     .num_experts = E,
@@ -322,6 +362,7 @@ void Glm5NextModel::moe_block(Workspace& ws, const MoeWeights& w, const float* x
                                     .correction_bias = w.correction_bias.data(),
                                     .expert_ids = expert_ids,
                                     .expert_weights = expert_weights});
+  part.emplace(profile_, backend_, "moe routed experts");
   backend_.moe_experts(MoeArgs{.num_tokens = T,
                                .hidden = D,
                                .intermediate = c.moe_intermediate_size,
@@ -333,7 +374,9 @@ void Glm5NextModel::moe_block(Workspace& ws, const MoeWeights& w, const float* x
                                .expert_ids = expert_ids,
                                .expert_weights = expert_weights,
                                .out = out});
+  part.reset();
   if (observer_ != nullptr) observe_experts(ws, w, x, T, expert_ids);
+  part.emplace(profile_, backend_, "moe shared expert");
   float* shared = ws.floats(T * D);
   mlp_block(ws, w.shared, x, T, shared);
   backend_.add(shared, T * D, out);

@@ -18,6 +18,7 @@
 #include "backend/workspace.h"
 #include "formats/checkpoint.h"
 #include "formats/glm5_next_config.h"
+#include "model/forward_profile.h"
 #include "model/glm5_next_weights.h"
 #include "model/sequence_state.h"
 
@@ -36,6 +37,7 @@ public:
 
 struct ForwardOptions {
   bool all_logits = true;  // logits for every new token, else only for the last one
+  ForwardProfile* profile = nullptr;  // where the pass's time goes is added here (slows the pass; see the type)
 };
 
 // One sequence's part of a batched forward: tokens appended after its current contents.
@@ -102,6 +104,7 @@ private:
   Glm5NextWeights weights_;
   CachePools pools_;
   LinearInputObserver* observer_ = nullptr;
+  ForwardProfile* profile_ = nullptr;  // the running pass's ForwardOptions::profile
 };
 
 }  // namespace kestrel

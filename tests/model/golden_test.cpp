@@ -4,6 +4,10 @@
 // batched with other sequences in one pass.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <chrono>
+#include <string>
+#include <vector>
 
 #include "backend/cpu/cpu_backend.h"
 #include "base/npy.h"
@@ -89,6 +93,49 @@ TEST_P(GoldenTest, BatchedSequencesMatchTransformers) {
   EXPECT_LE(max_abs_difference(logits.chunked, full.data), kTolerance);
   EXPECT_LE(max_abs_difference(logits.decoded, incremental.data), kTolerance);
   EXPECT_LE(max_abs_difference(logits.whole, full.data), kTolerance);
+}
+
+// Profiling a pass (ForwardOptions::profile, `kestrel bench --profile`) times every part of the model the
+// fixture has, within the pass's own time, without changing what the pass computes.
+TEST_P(GoldenTest, ProfiledForwardTimesEachPartAndGivesTheSameLogits) {
+  const GoldenFixture fixture = read_golden_fixture(GetParam());
+  CpuBackend backend;
+  const auto model = Glm5NextModel::load(fixture.dir, backend);
+  const Glm5NextConfig& c = model->config();
+  const auto plain = model->new_sequence(), profiled = model->new_sequence();
+  const std::vector<float> expected = model->forward(*plain, fixture.tokens);
+  ForwardProfile profile;
+  const auto start = std::chrono::steady_clock::now();
+  const std::vector<float> logits = model->forward(*profiled, fixture.tokens, {.all_logits = true, .profile = &profile});
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_EQ(logits, expected);
+
+  std::vector<std::string> wanted = {"embedding", "mhc and norms", "head", "logits to host"};
+  const auto has = [&](auto list, auto value) { return std::find(list.begin(), list.end(), value) != list.end(); };
+  if (has(c.layer_types, LayerType::linear_attention)) {
+    wanted.insert(wanted.end(), {"kda projections", "kda convolution and recurrence"});
+  }
+  if (has(c.layer_types, LayerType::sparse_attention)) {
+    wanted.insert(wanted.end(), {"mla projections", "mla cache appends", "dsa indexer projections",
+                                 "dsa indexer select", "mla attention"});
+  }
+  if (has(c.mlp_layer_types, MlpType::dense)) wanted.emplace_back("dense mlp");
+  if (has(c.mlp_layer_types, MlpType::sparse)) {
+    wanted.insert(wanted.end(), {"moe router", "moe routed experts", "moe shared expert"});
+  }
+  std::vector<std::string> timed;
+  for (const ForwardProfile::Part& part : profile.parts) {
+    timed.push_back(part.name);
+    EXPECT_GE(part.seconds, 0.0) << part.name;
+    EXPECT_GE(part.count, 1) << part.name;
+    if (part.name == "mhc and norms") {
+      EXPECT_EQ(part.count, 3 * c.num_hidden_layers);  // three sites per layer
+    }
+  }
+  std::sort(wanted.begin(), wanted.end());
+  std::sort(timed.begin(), timed.end());
+  EXPECT_EQ(timed, wanted);
+  EXPECT_LE(profile.total_seconds(), wall);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, GoldenTest, ::testing::ValuesIn(golden_fixture_names()),

@@ -103,12 +103,14 @@ void CudaBackend::copy_to_backend(void* dst, const void* host, size_t bytes) {
 
 void CudaBackend::copy_to_host(void* host, const void* src, size_t bytes) {
   if (bytes > 0) check(cudaMemcpyAsync(host, src, bytes, cudaMemcpyDeviceToHost, stream_), "copy to host");
-  check(cudaStreamSynchronize(stream_), "stream synchronize");
+  synchronize();
 }
 
 void CudaBackend::copy(void* dst, const void* src, size_t bytes) {
   if (bytes > 0) check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_), "device copy");
 }
+
+void CudaBackend::synchronize() { check(cudaStreamSynchronize(stream_), "stream synchronize"); }
 
 std::optional<DeviceMemory> CudaBackend::device_memory() {
   DeviceMemory memory;

@@ -39,6 +39,7 @@ public:
   void copy_to_backend(void* dst, const void* host, size_t bytes) override;
   void copy_to_host(void* host, const void* src, size_t bytes) override;
   void copy(void* dst, const void* src, size_t bytes) override;
+  void synchronize() override;
   std::optional<DeviceMemory> device_memory() override;
 
   void place(LinearWeight& weight) override;
