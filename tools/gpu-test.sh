@@ -61,7 +61,7 @@ rm -f "$log"
 echo "== whole forward at the real dimensions (4 layers) =="
 synthetic="${KESTREL_SYNTHETIC:-/dev/shm/kestrel_synthetic}"
 [ -f "$synthetic/config.json" ] || python3 tools/make_synthetic_glm5.py --out "$synthetic" --layers 4 > /dev/null
-"$kestrel" bench --device cuda --model "$synthetic" --contexts 1024 --sequences 1,4,16,64; forward_rc=$?
+"$kestrel" bench --device cuda --model "$synthetic" --contexts 1024 --sequences 1,4,16,64 --profile; forward_rc=$?
 "$kestrel" bench --device cuda --model "$synthetic" --contexts 131072 --sequences 1 --steps 32; long_rc=$?
 
 echo "== summary =="
