@@ -83,10 +83,30 @@ TEST(CudaLinearTest, Exl3ResultsDoNotDependOnTiming) {
   for (int run = 0; run < 5; ++run) EXPECT_EQ(gpu_linear(m.weight(), x, 3), first) << "run " << run;
 }
 
+TEST(CudaLinearTest, Exl3WideMatrixWithLongSlicesMatchesCpu) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  // More 16-column strips than 32 per SM: one k slice of 64 tiles per column block, whose 16 tokens' doubled inputs
+  // (66.5 KB) need the kernel's opt-in past 48 KB of shared memory.
+  const int sm_count = device_info(0).sm_count;
+  const int64_t in = 1024, out = 16 * 32 * int64_t{sm_count} + 128;
+  const Exl3Plan plan = exl3_plan(Exl3DeviceView{.bits = 4, .in_features = in, .out_features = out, .in_padded = in,
+                                                 .out_padded = out},
+                                  sm_count);
+  ASSERT_EQ(plan.slice_tiles, 64);
+  const RandomExl3Matrix m = random_exl3_matrix(out, in, 4, Codebook::mcg, 97);
+  for (const int64_t tokens : {16, 5}) {
+    const std::vector<float> x = random_values(static_cast<size_t>(tokens * in), 8);
+    EXPECT_LT(relative_difference(gpu_linear(m.weight(), x, tokens), cpu_linear(m.weight(), x, tokens)),
+              kExl3Tolerance)
+        << "tokens " << tokens;
+  }
+}
+
 TEST(CudaLinearTest, DenseMatchesCpuForEachWeightType) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  // in = 512 and 4096 take the 16-byte vector loads for every type (4096: every unrolled load in use); in = 300 the
-  // scalar loop for f16/bf16. Token counts cover one pass of each size class and a pass and a remainder.
+  // in = 512 and 4096 take the 16-byte vector loads for f32/f16 (4096: every unrolled load in use) and the
+  // tensor-core kernel for bf16 (4096: k split over blocks); in = 300 the scalar loop for f16/bf16. Token counts
+  // cover one pass of each size class and a pass and a remainder (17: a 16-token and a 1-token tensor-core pass).
   for (const int64_t in : {300, 512, 4096}) {
     const int64_t out = 77;
     const std::vector<float> w = random_values(static_cast<size_t>(out * in), 3);
@@ -140,14 +160,20 @@ TEST(CudaLinearTest, BlockFp8MatchesCpuForEachScaleType) {
 }
 
 // Few long rows (the mHC mixes: 24 x 16384) are split along k so that they occupy the GPU; tall matrices are not.
-// Host arithmetic only: runs without a GPU.
+// bf16 matrices with in_features a multiple of 32 take the tensor-core kernel (128 rows a block, k in stages of 256);
+// the others the CUDA-core one (8 rows a block for one token, whole 512-byte warp passes per split). Host arithmetic
+// only: runs without a GPU.
 TEST(CudaLinearTest, FewRowsAreSplitAlongK) {
-  EXPECT_EQ(dense_splits(DenseWeightType::bf16, 24, 16384), 16);  // 3 row blocks; 16 whole warp passes per row
-  EXPECT_EQ(dense_splits(DenseWeightType::bf16, 77, 4096), 4);
+  EXPECT_EQ(dense_splits(DenseWeightType::bf16, 24, 16384), 64);  // one row block; 64 stages
+  EXPECT_EQ(dense_splits(DenseWeightType::bf16, 77, 4096), 16);
+  EXPECT_EQ(dense_splits(DenseWeightType::f16, 77, 4096), 4);
   EXPECT_EQ(dense_splits(DenseWeightType::f8_e4m3, 300, 8192), 4);
   EXPECT_EQ(dense_splits(DenseWeightType::bf16, 154880, 4096), 1);  // lm_head: rows enough
-  EXPECT_EQ(dense_splits(DenseWeightType::bf16, 77, 512), 1);       // under two passes per row
-  EXPECT_EQ(dense_scratch_floats(DenseWeightType::bf16, 24, 16384), 16 * 8 * 24);
+  EXPECT_EQ(dense_splits(DenseWeightType::bf16, 77, 256), 1);       // one stage
+  EXPECT_EQ(dense_splits(DenseWeightType::f16, 77, 512), 1);        // under two passes per row
+  // Room for either kernel (a bf16 call with unaligned pointers falls back to the CUDA-core one).
+  EXPECT_EQ(dense_scratch_floats(DenseWeightType::bf16, 24, 16384), 64 * 16 * 24);
+  EXPECT_EQ(dense_scratch_floats(DenseWeightType::f16, 24, 16384), 16 * 8 * 24);
   EXPECT_EQ(dense_scratch_floats(DenseWeightType::bf16, 154880, 4096), 0);
 }
 

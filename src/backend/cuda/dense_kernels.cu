@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "backend/cuda/dense_kernels.h"
+#include "backend/cuda/mma.cuh"
 
 namespace kestrel::cuda {
 
@@ -154,6 +155,104 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
   }
 }
 
+// The bf16 path on the tensor cores (in_features a multiple of 32, 16-byte aligned rows and x): block b streams
+// rows [128b, 128b + 128), 16 per warp, as the mma A operand, and up to 16 tokens are the B operand (8 per mma). A
+// float32 input is split into three bf16 terms, x = hi + mid + lo exactly to float32's 24 bits, so the product is
+// the float32 one up to summation order: three mma per 16 k. k goes in stages of kMmaStageK: a stage's weights are
+// requested first (16 k per lane per row pair and chunk: the warp reads 16 rows x 64 bytes per chunk), then the
+// block writes the stage's inputs into shared memory as three bf16 planes (zero for absent tokens) and every warp
+// multiplies. A 32-k chunk is permuted the same way in A and B: lane (g, t) holds k 8t..8t+7 of rows g and g + 8
+// and of token g, which is the chunk's two mma k-steps (pairs 0-1 and 2-3, then 4-5 and 6-7).
+constexpr int kMmaStageK = 256;
+constexpr int kMmaChunks = kMmaStageK / 32;
+constexpr int kMmaRowsPerBlock = 16 * kWarpsPerBlock;
+constexpr int kMmaTokensPerPass = 16;
+constexpr int kMmaPlaneRow = kMmaStageK + 32;  // bf16 per token row: rows 64 bytes apart mod 128, conflict-free
+
+size_t mma_shared_bytes(int groups) { return static_cast<size_t>(3 * 8 * groups * kMmaPlaneRow) * 2; }
+
+template <int Groups>
+__global__ void __launch_bounds__(32 * kWarpsPerBlock)
+    bf16_mma_gemv(const __nv_bfloat16* weight, int64_t out_features, int64_t in_features, const float* x,
+                  int num_tokens, float* y, int64_t split_k, float* partial) {
+  constexpr int kRows = 8 * Groups;  // token rows per plane
+  extern __shared__ uint4 mma_planes[];
+  __nv_bfloat16* planes = reinterpret_cast<__nv_bfloat16*>(mma_planes);  // [3][kRows][kMmaPlaneRow]
+  const int warp = static_cast<int>(threadIdx.x / 32), lane = static_cast<int>(threadIdx.x & 31u);
+  const int g = lane / 4, t = lane % 4;
+  const int64_t first_row = (static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + warp) * 16;
+  const int64_t k_begin = blockIdx.y * split_k, k_end = min(in_features, k_begin + split_k);
+  // Rows past the matrix read its last row; their sums are never written.
+  const uint4* row_a = reinterpret_cast<const uint4*>(weight + min(first_row + g, out_features - 1) * in_features);
+  const uint4* row_b = reinterpret_cast<const uint4*>(weight + min(first_row + g + 8, out_features - 1) * in_features);
+  float acc[Groups][4] = {};
+  for (int64_t k0 = k_begin; k0 < k_end; k0 += kMmaStageK) {
+    const int chunks = static_cast<int>(min(static_cast<int64_t>(kMmaStageK), k_end - k0) / 32);
+    uint4 a[kMmaChunks][2];
+    const uint4* stage_a = row_a + k0 / 8 + t;
+    const uint4* stage_b = row_b + k0 / 8 + t;
+#pragma unroll
+    for (int c = 0; c < kMmaChunks; ++c) {
+      if (c < chunks) {
+        a[c][0] = __ldcs(stage_a + 4 * c);
+        a[c][1] = __ldcs(stage_b + 4 * c);
+      }
+    }
+    __syncthreads();  // the previous stage's planes are no longer read
+    for (int i = static_cast<int>(threadIdx.x); i < kRows * kMmaStageK / 4; i += 32 * kWarpsPerBlock) {
+      const int n = i / (kMmaStageK / 4), k = i % (kMmaStageK / 4) * 4;
+      float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      if (n < num_tokens && k < chunks * 32) v = *reinterpret_cast<const float4*>(x + n * in_features + k0 + k);
+      float rest[4] = {v.x, v.y, v.z, v.w};
+      for (int term = 0; term < 3; ++term) {
+        __nv_bfloat16 b[4];
+        for (int j = 0; j < 4; ++j) {
+          b[j] = __float2bfloat16_rn(rest[j]);
+          rest[j] -= __bfloat162float(b[j]);
+        }
+        *reinterpret_cast<uint2*>(planes + (term * kRows + n) * kMmaPlaneRow + k) = *reinterpret_cast<const uint2*>(b);
+      }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int c = 0; c < kMmaChunks; ++c) {
+      if (c >= chunks) break;
+#pragma unroll
+      for (int group = 0; group < Groups; ++group) {
+#pragma unroll
+        for (int term = 0; term < 3; ++term) {
+          const uint4 b = *reinterpret_cast<const uint4*>(planes + (term * kRows + 8 * group + g) * kMmaPlaneRow +
+                                                          32 * c + 8 * t);
+          mma_16x8x16<MmaInput::bf16>(acc[group], a[c][0].x, a[c][1].x, a[c][0].y, a[c][1].y, b.x, b.y);
+          mma_16x8x16<MmaInput::bf16>(acc[group], a[c][0].z, a[c][1].z, a[c][0].w, a[c][1].w, b.z, b.w);
+        }
+      }
+    }
+  }
+  float* out = gridDim.y == 1 ? y : partial + blockIdx.y * num_tokens * out_features;  // sum_splits' layout
+#pragma unroll
+  for (int group = 0; group < Groups; ++group) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int64_t row = first_row + g + (i >= 2 ? 8 : 0);
+      const int token = 8 * group + 2 * t + (i & 1);
+      if (row < out_features && token < num_tokens) out[token * out_features + row] = acc[group][i];
+    }
+  }
+}
+
+// k splits of the tensor-core path: enough blocks for the GPU, whole stages per split.
+int64_t mma_split_count(int64_t out_features, int64_t in_features) {
+  const int64_t row_blocks = (out_features + kMmaRowsPerBlock - 1) / kMmaRowsPerBlock;
+  const int64_t stages = (in_features + kMmaStageK - 1) / kMmaStageK;
+  if (row_blocks >= kTargetBlocks || stages < 2) return 1;
+  return std::min((kTargetBlocks + row_blocks - 1) / row_blocks, stages);
+}
+
+bool takes_mma_path(DenseWeightType type, int64_t in_features) {
+  return type == DenseWeightType::bf16 && in_features % 32 == 0;
+}
+
 // y[t, row] = the k splits' partial sums added in split order (deterministic).
 __global__ void __launch_bounds__(256) sum_splits(const float* partial, int64_t count, int splits, float* y) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * 256 + threadIdx.x;
@@ -204,6 +303,35 @@ void launch(DenseWeightType type, const void* weight, int64_t out_features, int6
   }
 }
 
+// The tensor-core path: passes of up to 16 tokens (one or two mma token groups).
+void launch_mma(const void* weight, int64_t out_features, int64_t in_features, const float* x, int64_t num_tokens,
+                float* y, float* scratch, cudaStream_t stream) {
+  const int64_t splits = scratch != nullptr ? mma_split_count(out_features, in_features) : 1;
+  const int64_t stages = (in_features + kMmaStageK - 1) / kMmaStageK;
+  const int64_t split_k = (stages + splits - 1) / splits * kMmaStageK;
+  const int64_t used_splits = (in_features + split_k - 1) / split_k;
+  const dim3 grid(static_cast<unsigned>((out_features + kMmaRowsPerBlock - 1) / kMmaRowsPerBlock),
+                  static_cast<unsigned>(used_splits));
+  const auto* w = static_cast<const __nv_bfloat16*>(weight);
+  for (int64_t t = 0; t < num_tokens; t += kMmaTokensPerPass) {
+    const int n = static_cast<int>(std::min<int64_t>(kMmaTokensPerPass, num_tokens - t));
+    const float* xt = x + t * in_features;
+    float* yt = y + t * out_features;
+    if (n > 8) {
+      bf16_mma_gemv<2><<<grid, 32 * kWarpsPerBlock, mma_shared_bytes(2), stream>>>(w, out_features, in_features, xt,
+                                                                                    n, yt, split_k, scratch);
+    } else {
+      bf16_mma_gemv<1><<<grid, 32 * kWarpsPerBlock, mma_shared_bytes(1), stream>>>(w, out_features, in_features, xt,
+                                                                                    n, yt, split_k, scratch);
+    }
+    if (used_splits > 1) {
+      const int64_t count = n * out_features;
+      sum_splits<<<static_cast<unsigned>((count + 255) / 256), 256, 0, stream>>>(
+          scratch, count, static_cast<int>(used_splits), yt);
+    }
+  }
+}
+
 template <typename W>
 __global__ void gather_rows_kernel(const W* table, int64_t cols, const int32_t* ids, float* out) {
   const W* row = table + static_cast<int64_t>(ids[blockIdx.x]) * cols;
@@ -249,13 +377,18 @@ cudaError_t gather_rows(const void* table, DenseWeightType type, int64_t cols, c
 }
 
 int64_t dense_splits(DenseWeightType type, int64_t out_features, int64_t in_features) {
-  return split_count(type, out_features, in_features, rows_per_warp(1));
+  return takes_mma_path(type, in_features) ? mma_split_count(out_features, in_features)
+                                           : split_count(type, out_features, in_features, rows_per_warp(1));
 }
 
 int64_t dense_scratch_floats(DenseWeightType type, int64_t out_features, int64_t in_features) {
-  // A multi-row pass has fewer row blocks, so at least as many splits as a one-token pass.
+  // A multi-row pass has fewer row blocks, so at least as many splits as a one-token pass. A bf16 matrix whose
+  // pointers turn out unaligned falls back to the CUDA-core kernel, so it gets room for either.
   const int64_t splits = split_count(type, out_features, in_features, rows_per_warp(kTokensPerPass));
-  return splits == 1 ? 0 : splits * kTokensPerPass * out_features;
+  const int64_t floats = splits == 1 ? 0 : splits * kTokensPerPass * out_features;
+  if (!takes_mma_path(type, in_features)) return floats;
+  const int64_t mma_splits = mma_split_count(out_features, in_features);
+  return std::max(floats, mma_splits == 1 ? 0 : mma_splits * kMmaTokensPerPass * out_features);
 }
 
 cudaError_t dense_linear(const void* weight, DenseWeightType type, int64_t out_features, int64_t in_features,
@@ -265,6 +398,11 @@ cudaError_t dense_linear(const void* weight, DenseWeightType type, int64_t out_f
   if (fp8 != (scales.scales != nullptr) ||
       (fp8 && (scales.block_rows < 1 || scales.block_cols < 1 || scales.block_cols % 16 != 0))) {
     return cudaErrorInvalidValue;
+  }
+  const bool aligned = ((reinterpret_cast<uintptr_t>(weight) | reinterpret_cast<uintptr_t>(x)) & 15u) == 0;
+  if (takes_mma_path(type, in_features) && aligned) {
+    if (num_tokens > 0) launch_mma(weight, out_features, in_features, x, num_tokens, y, scratch, stream);
+    return cudaGetLastError();
   }
   with_element_type(type, [&](auto element) {
     launch<decltype(element)>(type, weight, out_features, in_features, x, num_tokens, y, scales, scratch, stream);

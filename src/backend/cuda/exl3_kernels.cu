@@ -5,66 +5,101 @@
 
 #include "backend/cuda/exl3_kernels.h"
 #include "backend/cuda/hadamard_warp.cuh"
+#include "backend/cuda/mma.cuh"
 
 namespace kestrel::cuda {
 
 namespace {
 
-constexpr int kTokensPerPass = 16;  // the M of one mma.m16n8k16
+constexpr int kTokensPerPass = 16;  // two mma token groups
+constexpr int kTokensPerGroup = 8;  // the N of one mma.m16n8k16
 constexpr int kWarpsPerBlock = 8;   // 8 strips of 16 columns: one 128-column output Hadamard block
-constexpr int kTilesInFlight = 4;
+constexpr int kTilesInFlight = 8;   // a slice is a multiple of 8 tiles, so groups never run past its end
 constexpr int64_t kMaxSliceTiles = 64;
-constexpr int kRowPad = 8;  // halves added to each token's shared-memory row: rows start 16 bytes (4 banks) apart
+constexpr int kRowPadWords = 16;    // added to each token's shared-memory row: rows start 64 bytes (16 banks) apart
 
-// Two trellis states -> their fp16 codebook values as one half2 (low half: `first`), bit-exact with
-// exl3::decode_state. 3INST (0) and MCG (1) are the sum of the two fp16 halves of a masked product, which half2
-// arithmetic does for both states in one add; MUL1 (2) is an affine function of the product's byte sum with one
-// rounding.
+// The codebook word of one trellis state: two fp16 halves whose sum is the state's value (exl3::decode_state sums
+// them in fp16; here the tensor cores multiply both halves by the input and sum in fp32). 3INST (0) and MCG (1) are
+// a hashed, masked product; MUL1 (2) is an affine function of the product's byte sum, put in the low half.
+__device__ __forceinline__ uint32_t mask_and_flip(uint32_t x) {
+  uint32_t r;  // (x & 0x8FFF8FFF) ^ 0x3B603B60 as one lop3 (ptxas otherwise emits two, one per immediate)
+  asm("lop3.b32 %0, %1, %2, %3, 0x6A;" : "=r"(r) : "r"(x), "r"(0x8FFF8FFFu), "r"(0x3B603B60u));
+  return r;
+}
+
 template <int Codebook>
-__device__ __forceinline__ uint32_t codebook_pair(uint32_t first, uint32_t second) {
+__device__ __forceinline__ uint32_t codebook_word(uint32_t state) {
   if constexpr (Codebook == 2) {
     const float scale = __half2float(__ushort_as_half(0x1EEE)), bias = __half2float(__ushort_as_half(0xC931));
-    const auto value = [&](uint32_t state) {
-      const uint32_t x = state * 0x83DCD12Du;
-      const uint32_t byte_sum = (x & 0xFFu) + ((x >> 8) & 0xFFu) + ((x >> 16) & 0xFFu) + (x >> 24);
-      return static_cast<float>(1024u + byte_sum) * scale + bias;
-    };
-    const __half2 pair = __floats2half2_rn(value(first), value(second));
-    return *reinterpret_cast<const uint32_t*>(&pair);
+    const uint32_t x = state * 0x83DCD12Du;
+    const uint32_t byte_sum = (x & 0xFFu) + ((x >> 8) & 0xFFu) + ((x >> 16) & 0xFFu) + (x >> 24);
+    return __half_as_ushort(__float2half_rn(static_cast<float>(1024u + byte_sum) * scale + bias));
   } else {
-    const auto masked = [](uint32_t state) {
-      const uint32_t x = Codebook == 0 ? state * 89226354u + 64248484u : state * 0xCBAC1FEDu;
-      return (x & 0x8FFF8FFFu) ^ 0x3B603B60u;
-    };
-    const uint32_t a = masked(first), b = masked(second);
-    const uint32_t low = __byte_perm(a, b, 0x5410), high = __byte_perm(a, b, 0x7632);
-    const __half2 sum = __hadd2(*reinterpret_cast<const __half2*>(&low), *reinterpret_cast<const __half2*>(&high));
-    return *reinterpret_cast<const uint32_t*>(&sum);
+    return mask_and_flip(Codebook == 0 ? state * 89226354u + 64248484u : state * 0xCBAC1FEDu);
   }
 }
 
-// D += A (16x16 fp16, row-major) x B (16x8 fp16, column-major), fp32 accumulators (sm_80+ tensor cores).
-__device__ __forceinline__ void mma_16x8x16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+// The packed words of one tile that a lane decodes its 8 states from. State p of a tile is the 16-bit window ending
+// at bit (p + 1) * Bits of its circular MSB-first stream of 32-bit words, so lane l's states 8l..8l+7 lie in the
+// bits from (8l + 1) * Bits - 16 to 8(l + 1) * Bits. At 4 bits that is word l and the last 12 bits of word l - 1:
+// each lane loads its own word (the warp reads the 128-byte tile in one request) and takes the other from its
+// neighbour. Other widths load the four words from the window's first (`first_word`).
+template <int Bits>
+constexpr int kLaneWords = Bits == 4 ? 1 : 4;
+
+template <int Bits>
+__device__ __forceinline__ void load_tile(const uint32_t* record, int lane, int first_word,
+                                          uint32_t (&raw)[kLaneWords<Bits>]) {
+  if constexpr (Bits == 4) {
+    raw[0] = __ldcs(record + lane);
+  } else {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) raw[i] = __ldcs(record + (first_word + i) % (8 * Bits));
+  }
+}
+
+template <int Bits>
+__device__ __forceinline__ void tile_states(const uint32_t (&raw)[kLaneWords<Bits>], int lane, int shift,
+                                            uint32_t (&state)[8]) {
+  if constexpr (Bits == 4) {
+    // V = word l - 1 : word l (64 bits); state j = (V >> (28 - 4j)) & 0xFFFF, each a shift or a byte permute.
+    const uint32_t lo = raw[0], hi = __shfl_sync(0xFFFFFFFFu, lo, (lane + 31) & 31);
+    const uint32_t v4 = __funnelshift_r(lo, hi, 4), v20 = __funnelshift_r(lo, hi, 20);
+    state[0] = __byte_perm(v20, 0, 0x4421);
+    state[1] = (v20 >> 4) & 0xFFFFu;
+    state[2] = v4 >> 16;
+    state[3] = lo >> 16;
+    state[4] = __byte_perm(v4, 0, 0x4421);
+    state[5] = __byte_perm(lo, 0, 0x4421);
+    state[6] = v4 & 0xFFFFu;
+    state[7] = lo & 0xFFFFu;
+  } else {
+    uint32_t bits[3];  // the stream from the window's first bit on
+#pragma unroll
+    for (int i = 0; i < 3; ++i) bits[i] = __funnelshift_l(raw[i + 1], raw[i], shift);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const int offset = j * Bits, word = offset >> 5, within = offset & 31;
+      const uint64_t pair = (static_cast<uint64_t>(bits[word]) << 32) | (word + 1 < 3 ? bits[word + 1] : 0u);
+      state[j] = static_cast<uint32_t>(pair >> (48 - within)) & 0xFFFFu;
+    }
+  }
 }
 
 // One launch per 16 tokens. Block (c, s) owns output columns [128c, 128c + 128), one output Hadamard block, and k
 // slice s (a multiple of 128 rows, one or more input Hadamard blocks):
-//  1. it rotates its slice of the inputs, (x ⊙ suh)·H128 per block, into shared memory as fp16 (zero rows past
-//     the tokens), the A operand of the tensor cores;
-//  2. warp w multiplies them by the 16-column tile strip 8c + w of Ŵ on the tensor cores: a tile's trellis
-//     positions are stored in mma.m16n8k16 B-fragment order (exl3::tile_coord), so lane l decodes its positions
-//     8l..8l+7 from the packed words into exactly its B registers for the tile's two 8-column halves; the fp32
-//     accumulators go to partial[s];
+//  1. it rotates its slice of the inputs, (x ⊙ suh)·H128 per block, into shared memory as fp16, each value twice;
+//  2. warp w multiplies the 16-column tile strip 8c + w of Ŵ by them on the tensor cores, the weights as the A
+//     operand (16 output columns x 16 k) and the tokens as B (8 per mma). A tile's trellis positions are stored in
+//     mma B-fragment order (exl3::tile_coord): lane l's states 8l..8l+7 are the elements (k, n) with
+//     k in 2(l%4) + {0, 1, 8, 9}, n in l/4 + {0, 8}, which are also exactly the rows and columns of the A fragment
+//     of lane l in the transposed product. Each register of A holds one state's codebook word, two fp16 halves
+//     whose sum is the weight, so the matching pair of B rows holds the same input twice: one tile is two mma
+//     over 8 of its k each. The fp32 accumulators go to partial[s];
 //  3. the last slice to finish column block c (a counter per block, reset by that last block) adds the partials in
 //     slice order, so the result does not depend on timing, and applies the output rotation and svh.
-// State p of a tile is the 16-bit window ending at bit (p + 1) * Bits of its circular MSB-first stream of 32-bit
-// words, so a lane's 8 states lie in the 72 bits from (8l + 1) * Bits - 16: four words, funnel-shifted to start
-// there, after which every window is at a compile-time offset.
+// Shared memory holds, per token, per tile, per quad q = l%4, the four doubled inputs of k = 2q, 2q+1, 2q+8, 2q+9:
+// the B registers of both mma as one 16-byte load.
 struct GemvParams {
   Exl3MatrixRef matrix;         // the matrix of every launch without a table
   const Exl3MatrixRef* table;   // or, per slot (blockIdx.z), matrix table[ids[slot]]
@@ -79,10 +114,16 @@ struct GemvParams {
   int num_tokens, splits;
 };
 
-template <int Bits, int Codebook>
+// Shared memory of one launch: a row of doubled fp16 inputs per token.
+size_t shared_bytes(int64_t slice_tiles, int num_tokens) {
+  return static_cast<size_t>(num_tokens) * static_cast<size_t>(slice_tiles * 16 + kRowPadWords) * sizeof(uint32_t);
+}
+
+template <int Bits, int Codebook, int Groups>
 __global__ void __launch_bounds__(32 * kWarpsPerBlock) trellis_gemv(GemvParams p) {
   constexpr int kWords = 8 * Bits, kStreamBits = 256 * Bits;
-  extern __shared__ __half rotated[];  // [kTokensPerPass, slice_tiles * 16 + kRowPad]
+  extern __shared__ uint4 shared_inputs[];  // [num_tokens][slice_tiles * 16 + kRowPadWords] doubled fp16 words
+  uint32_t* doubled = reinterpret_cast<uint32_t*>(shared_inputs);
   __shared__ bool last_slice;
   const int warp = static_cast<int>(threadIdx.x / 32), lane = static_cast<int>(threadIdx.x & 31u);
   const int64_t tiles_k = p.in_padded / 16, tiles_n = p.out_padded / 16;
@@ -94,73 +135,81 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) trellis_gemv(GemvParams p
   unsigned* counters = p.counters + z * (p.out_padded / 128);
   const int64_t slice = blockIdx.y;
   const int64_t a_begin = slice * p.slice_tiles, a_end = min(tiles_k, a_begin + p.slice_tiles);
-  const int64_t stride = p.slice_tiles * 16 + kRowPad;
+  const int64_t stride = p.slice_tiles * 16 + kRowPadWords;
 
-  // 1. This slice's rotated inputs: one warp per (token, 128-row block); rows of absent tokens are zero.
+  // 0. The strip's tiles of this slice are requested into L2 at once, one tile per lane (a warp's loads below keep
+  // only kTilesInFlight tiles outstanding: the compiler issues them at the end of the previous group, so without
+  // this a warp waits out the HBM latency once per group). The requests also overlap the input rotation.
+  const int64_t strip = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + warp;
+  const uint32_t* strip_words = m.trellis + strip * kWords;
+  const int64_t tile_words = tiles_n * kWords;  // from one k tile of the strip to the next
+  for (int64_t a = a_begin + lane; a < a_end; a += 32) {
+    const uintptr_t begin = reinterpret_cast<uintptr_t>(strip_words + a * tile_words);
+    for (uintptr_t line = begin & ~uintptr_t{127}; line < begin + 4 * kWords; line += 128) {
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(line));
+    }
+  }
+
+  // 1. This slice's rotated inputs: one warp per (token, 128-row block).
   const int64_t row_blocks = (a_end - a_begin) / 8;
-  for (int64_t job = warp; job < kTokensPerPass * row_blocks; job += kWarpsPerBlock) {
+  for (int64_t job = warp; job < p.num_tokens * row_blocks; job += kWarpsPerBlock) {
     const int64_t t = job / row_blocks, row = job % row_blocks * 128 + lane * 4;
     float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    if (t < p.num_tokens) {
-      for (int j = 0; j < 4; ++j) {
-        const int64_t i = a_begin * 16 + row + j;
-        if (i < p.in_features) v[j] = x[t * p.in_features + i] * __half2float(__ushort_as_half(m.suh[i]));
-      }
-      hadamard128_warp(v);
+    for (int j = 0; j < 4; ++j) {
+      const int64_t i = a_begin * 16 + row + j;
+      if (i < p.in_features) v[j] = x[t * p.in_features + i] * __half2float(__ushort_as_half(m.suh[i]));
     }
-    for (int j = 0; j < 4; ++j) rotated[t * stride + row + j] = __float2half_rn(v[j]);
+    hadamard128_warp(v);
+    for (int j = 0; j < 4; ++j) {
+      const int64_t r = row + j, k = r % 16;
+      const int64_t word = r / 16 * 16 + (k & 7) / 2 * 4 + (k / 8) * 2 + (k & 1);
+      const __half h = __float2half_rn(v[j]);
+      doubled[t * stride + word] = static_cast<uint32_t>(__half_as_ushort(h)) * 0x10001u;
+    }
   }
   __syncthreads();
 
   // 2. The strip's partial sums over this slice, on the tensor cores.
-  const int64_t strip = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + warp;
   const int first_bit = (8 * lane + 1) * Bits - 16 + kStreamBits;  // made positive: the stream is circular
   const int first_word = (first_bit >> 5) % kWords, shift = first_bit & 31;
-  // A fragment rows: tokens l/4 and l/4 + 8; columns (k within the tile) 2(l%4) + {0, 1} and + 8.
-  const __half* a_row = rotated + (lane / 4) * stride + 2 * (lane % 4);
-  float acc[2][4] = {};  // per 8-column half: tokens (l/4, l/4 + 8) x columns 2(l%4) + {0, 1}
-  // Tiles go in groups of kTilesInFlight whose words are all requested before any is decoded: a warp keeps that
-  // many loads in flight instead of waiting out the memory latency once per tile.
+  const int quad = lane % 4;
+  // B fragments: token l/4 of each group (absent tokens get zeros: their output columns are never written).
+  bool present[Groups];
+  const uint4* b_row[Groups];
+#pragma unroll
+  for (int g = 0; g < Groups; ++g) {
+    const int t = lane / 4 + kTokensPerGroup * g;
+    present[g] = t < p.num_tokens;
+    b_row[g] = reinterpret_cast<const uint4*>(doubled + min(t, p.num_tokens - 1) * stride) + quad;
+  }
+  float acc[Groups][4] = {};  // per group: columns (l/4, l/4 + 8) x tokens 2(l%4) + {0, 1}
   for (int64_t group = a_begin; group < a_end; group += kTilesInFlight) {
-    uint32_t raw[kTilesInFlight][4];
+    uint32_t raw[kTilesInFlight][kLaneWords<Bits>];
+#pragma unroll
+    for (int u = 0; u < kTilesInFlight; ++u) load_tile<Bits>(strip_words + (group + u) * tile_words, lane, first_word, raw[u]);
 #pragma unroll
     for (int u = 0; u < kTilesInFlight; ++u) {
-      const int64_t a = min(group + u, a_end - 1);  // past the slice's end: a repeated tile, loaded and ignored
-      const uint32_t* record = m.trellis + (a * tiles_n + strip) * kWords;
-#pragma unroll
-      for (int i = 0; i < 4; ++i) raw[u][i] = __ldcs(record + (first_word + i) % kWords);
-    }
-#pragma unroll
-    for (int u = 0; u < kTilesInFlight; ++u) {
-      if (group + u >= a_end) break;
-      uint32_t bits[3];
-#pragma unroll
-      for (int i = 0; i < 3; ++i) bits[i] = __funnelshift_l(raw[u][i + 1], raw[u][i], shift);
       uint32_t state[8];
+      tile_states<Bits>(raw[u], lane, shift, state);
+      uint32_t w[8];
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const int offset = j * Bits, word = offset >> 5, within = offset & 31;
-        const uint64_t pair = (static_cast<uint64_t>(bits[word]) << 32) | (word + 1 < 3 ? bits[word + 1] : 0u);
-        state[j] = static_cast<uint32_t>(pair >> (48 - within)) & 0xFFFFu;
+      for (int j = 0; j < 8; ++j) w[j] = codebook_word<Codebook>(state[j]);
+#pragma unroll
+      for (int g = 0; g < Groups; ++g) {
+        const uint4 b = present[g] ? b_row[g][(group + u - a_begin) * 4] : make_uint4(0, 0, 0, 0);
+        mma_16x8x16<MmaInput::f16>(acc[g], w[0], w[4], w[1], w[5], b.x, b.y);
+        mma_16x8x16<MmaInput::f16>(acc[g], w[2], w[6], w[3], w[7], b.z, b.w);
       }
-      const __half* a_tile = a_row + (group + u - a_begin) * 16;
-      uint32_t a[4];
-      a[0] = *reinterpret_cast<const uint32_t*>(a_tile);
-      a[1] = *reinterpret_cast<const uint32_t*>(a_tile + 8 * stride);
-      a[2] = *reinterpret_cast<const uint32_t*>(a_tile + 8);
-      a[3] = *reinterpret_cast<const uint32_t*>(a_tile + 8 * stride + 8);
-      mma_16x8x16(acc[0], a, codebook_pair<Codebook>(state[0], state[1]), codebook_pair<Codebook>(state[2], state[3]));
-      mma_16x8x16(acc[1], a, codebook_pair<Codebook>(state[4], state[5]), codebook_pair<Codebook>(state[6], state[7]));
     }
   }
-  for (int half = 0; half < 2; ++half) {
-    const int64_t column = strip * 16 + 8 * half + 2 * (lane % 4);
+#pragma unroll
+  for (int g = 0; g < Groups; ++g) {
     for (int r = 0; r < 2; ++r) {
-      const int t = lane / 4 + 8 * r;
-      if (t >= p.num_tokens) continue;
-      float* out = partial + (slice * kTokensPerPass + t) * p.out_padded + column;
-      out[0] = acc[half][2 * r];
-      out[1] = acc[half][2 * r + 1];
+      const int64_t column = strip * 16 + lane / 4 + 8 * r;
+      for (int c = 0; c < 2; ++c) {
+        const int t = kTokensPerGroup * g + 2 * quad + c;
+        if (t < p.num_tokens) partial[(slice * kTokensPerPass + t) * p.out_padded + column] = acc[g][2 * r + c];
+      }
     }
   }
 
@@ -189,19 +238,33 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) trellis_gemv(GemvParams p
   }
 }
 
+template <int Bits, int Codebook, int Groups>
+void launch_pass(const GemvParams& p, dim3 grid, cudaStream_t stream) {
+  const size_t shared = shared_bytes(p.slice_tiles, p.num_tokens);
+  // Past the default 48 KB a kernel must opt in (on each device it runs on; a failure shows as the launch's error).
+  if (shared > 48 * 1024) {
+    static_cast<void>(cudaFuncSetAttribute(trellis_gemv<Bits, Codebook, Groups>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)));
+  }
+  trellis_gemv<Bits, Codebook, Groups><<<grid, 32 * kWarpsPerBlock, shared, stream>>>(p);
+}
+
 // Without a table: passes of up to 16 tokens over one matrix. With a table: one launch, one token per slot.
 template <int Bits, int Codebook>
 void launch_gemv(GemvParams p, int64_t num_tokens, int64_t slots, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(p.out_padded / 128), static_cast<unsigned>(p.splits),
                   static_cast<unsigned>(slots));
-  const size_t shared = static_cast<size_t>(kTokensPerPass * (p.slice_tiles * 16 + kRowPad)) * sizeof(__half);
   const float* x = p.x;
   float* y = p.y;
   for (int64_t t = 0; t < num_tokens; t += kTokensPerPass) {
     p.num_tokens = static_cast<int>(std::min<int64_t>(kTokensPerPass, num_tokens - t));
     p.x = x + t * p.in_features;
     p.y = y + t * p.out_features;
-    trellis_gemv<Bits, Codebook><<<grid, 32 * kWarpsPerBlock, shared, stream>>>(p);
+    if (p.num_tokens > kTokensPerGroup) {
+      launch_pass<Bits, Codebook, 2>(p, grid, stream);
+    } else {
+      launch_pass<Bits, Codebook, 1>(p, grid, stream);
+    }
   }
 }
 
@@ -250,7 +313,7 @@ GemvParams params_for(const Exl3DeviceView& m, const Exl3Plan& plan, const float
 }  // namespace
 
 Exl3Plan exl3_plan(const Exl3DeviceView& matrix, int sm_count) {
-  // About 32 warps per SM at batch 1; a slice is 8..64 tiles (128..1024 rows: its fp16 inputs fit in 33 KB).
+  // About 32 warps per SM at batch 1; a slice is 8..64 tiles (128..1024 rows: 16 tokens' doubled fp16 inputs fit in 66 KB).
   const int64_t tiles_k = matrix.in_padded / 16, tiles_n = matrix.out_padded / 16;
   const int64_t wanted = std::max<int64_t>(1, int64_t{sm_count} * 32 / tiles_n);
   const int64_t per_slice = (tiles_k + wanted - 1) / wanted;

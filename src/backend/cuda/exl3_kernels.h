@@ -1,7 +1,7 @@
 // EXL3 linear on the GPU (shared/docs/exl3-format.md §2.6 forward pipeline): y = ((x ⊙ suh)·Hk · Ŵ)·Hn ⊙ svh, with
 // Ŵ decoded from the packed trellis in registers (never stored) and multiplied on the tensor cores: float32
-// activations in and out, the rotated inputs rounded to fp16 (the codebook values are fp16 already), float32
-// accumulation. One launch per 16 tokens does the input rotation, the GEMM split over k, and the output rotation
+// activations in and out, the rotated inputs rounded to fp16, each weight's two fp16 codebook halves multiplied
+// and summed in float32 (the CPU decoder rounds their sum to fp16 first; the difference is within fp16 rounding). One launch per 16 tokens does the input rotation, the GEMM split over k, and the output rotation
 // (exl3_kernels.cu); the k-split partials are summed in a fixed order, so results are deterministic.
 #pragma once
 
