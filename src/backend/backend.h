@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string_view>
 #include <vector>
 
@@ -30,6 +31,14 @@ struct MhcShape {
   int64_t num_tokens, hc_mult, hidden;
   float rms_eps, hc_eps;
   int64_t sinkhorn_iters;
+};
+
+// The post-mix a site applies before its own pre-mix: the sub-block before it wrote block_out [T, hidden], mixed
+// back with that site's post [T, hc] and comb [T, hc, hc].
+struct MhcPendingPost {
+  const float* post;
+  const float* comb;
+  const float* block_out;
 };
 
 // KDA recurrence inputs for one forward call of one layer (all float32, [T, heads, head_dim] unless noted).
@@ -120,6 +129,10 @@ public:
   virtual void copy_to_backend(void* dst, const void* host, size_t bytes) = 0;
   virtual void copy_to_host(void* host, const void* src, size_t bytes) = 0;
   virtual void copy(void* dst, const void* src, size_t bytes) = 0;
+  // `count` floats of the backend's memory, readable on the host once it returns (after every op queued before it):
+  // a view of host memory the backend owns (page-locked on a GPU, so the copy runs at the bus's speed, not through
+  // the driver's staging), valid until the next read_back or the backend's end.
+  virtual std::span<const float> read_back(const float* src, size_t count) = 0;
   // Returns when every op queued so far has finished (a host backend's ops finish before they return).
   virtual void synchronize() {}
   // The memory of a device of its own, or nothing for host memory.
@@ -151,6 +164,16 @@ public:
   // mHC post-mix in place: streams[t, j] = post[t, j] * block_out[t] + sum_i comb[t, i, j] * streams[t, i].
   virtual void mhc_post(const MhcShape& shape, const float* post, const float* comb, const float* block_out,
                         float* streams) = 0;
+  // One mHC site of a decoder layer: the pending post-mix into the streams (when given), this site's pre-mix, and
+  // the RMS norm (norm_weight, shape.rms_eps) of the collapsed input into normed. The composition of mhc_post,
+  // mhc_pre and rms_norm, which a backend may fuse (post and comb must not be pending's).
+  virtual void mhc_site(const MhcShape& shape, const MhcPendingPost* pending, const MhcWeights& weights,
+                        const float* norm_weight, float* streams, float* post, float* comb, float* collapsed,
+                        float* normed) {
+    if (pending != nullptr) mhc_post(shape, pending->post, pending->comb, pending->block_out, streams);
+    mhc_pre(shape, weights, streams, post, comb, collapsed);
+    rms_norm(collapsed, shape.num_tokens, shape.hidden, norm_weight, shape.rms_eps, normed);
+  }
 
   // Causal depthwise conv (kernel K) over [T, channels] followed by SiLU; conv_state [K-1, channels] holds the
   // previous inputs (zeros at sequence start) and is updated to the last K-1 inputs.

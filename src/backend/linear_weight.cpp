@@ -124,4 +124,20 @@ std::vector<float> block_scales(const LinearWeight& weight) {
   return scales;
 }
 
+LinearWeight exl3_linear_weight(std::string name, const Exl3Tensors& tensors, int64_t out_features,
+                                int64_t in_features) {
+  return LinearWeight{.name = std::move(name),
+                      .dtype = DType::i16,
+                      .out_features = out_features,
+                      .in_features = in_features,
+                      .data = tensors.trellis->data,
+                      .exl3 = Exl3Matrix{.trellis = tensors.trellis->data,
+                                         .suh = tensors.suh->data,
+                                         .svh = tensors.svh->data,
+                                         .bits = tensors.bits,
+                                         .codebook = tensors.codebook,
+                                         .in_padded = tensors.in_padded,
+                                         .out_padded = tensors.out_padded}};
+}
+
 }  // namespace kestrel

@@ -14,6 +14,7 @@
 
 #include "formats/dtype.h"
 #include "formats/exl3_codec.h"
+#include "formats/exl3_tensors.h"
 
 namespace kestrel {
 
@@ -59,6 +60,10 @@ struct LinearWeight {
 
   bool valid() const { return data != nullptr; }
 };
+
+// The LinearWeight [out_features, in_features] of an EXL3 module's tensors, which stay where they are mapped.
+LinearWeight exl3_linear_weight(std::string name, const Exl3Tensors& tensors, int64_t out_features,
+                                int64_t in_features);
 
 // A small float32 weight (norm weights, biases, convolution taps), converted at load. The values stay on the host; a
 // backend with memory of its own keeps a copy there, which data() then returns.

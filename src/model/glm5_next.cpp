@@ -84,8 +84,21 @@ std::vector<std::vector<float>> Glm5NextModel::forward_batch(std::span<const Seq
   float* streams = ws.floats(T * hc * D);  // [T, hc, D] the residual streams
   float* normed = ws.floats(T * D);
   float* block_out = ws.floats(T * D);
-  float* post = ws.floats(T * hc);
-  float* comb = ws.floats(T * hc * hc);
+  // Each site's post and comb; a site's post-mix is applied by the next site (fused with its pre-mix), so two sets
+  // alternate.
+  float* post[2] = {ws.floats(T * hc), ws.floats(T * hc)};
+  float* comb[2] = {ws.floats(T * hc * hc), ws.floats(T * hc * hc)};
+  std::optional<MhcPendingPost> pending;
+  int site = 0;  // the set the next site writes
+  const auto mhc_site = [&](const MhcWeights& weights, const WeightVector& norm) {
+    const ProfileScope part(profile_, backend_, "mhc and norms");
+    backend_.mhc_site(mhc, pending ? &*pending : nullptr, weights, norm.data(), streams, post[site], comb[site], x,
+                      normed);
+  };
+  const auto sub_block_done = [&] {
+    pending = MhcPendingPost{.post = post[site], .comb = comb[site], .block_out = block_out};
+    site ^= 1;
+  };
   {
     const ProfileScope part(profile_, backend_, "embedding");
     backend_.embed(ids, T, weights_.embed_tokens, x);
@@ -98,30 +111,25 @@ std::vector<std::vector<float>> Glm5NextModel::forward_batch(std::span<const Seq
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     const LayerWeights& layer = weights_.layers[static_cast<size_t>(i)];
 
-    {
-      const ProfileScope part(profile_, backend_, "mhc and norms");
-      backend_.mhc_pre(mhc, layer.attn_hc, streams, post, comb, x);
-      backend_.rms_norm(x, T, D, layer.input_norm.data(), eps, normed);
-    }
+    mhc_site(layer.attn_hc, layer.input_norm);
     if (layer.type == LayerType::linear_attention) {
       kda_block(ws, layer.kda, i, rows, normed, T, block_out);
     } else {
       mla_block(ws, layer.mla, i, rows, normed, T, selection, block_out);
     }
-    {
-      const ProfileScope part(profile_, backend_, "mhc and norms");
-      backend_.mhc_post(mhc, post, comb, block_out, streams);
-      backend_.mhc_pre(mhc, layer.ffn_hc, streams, post, comb, x);
-      backend_.rms_norm(x, T, D, layer.post_attention_norm.data(), eps, normed);
-    }
+    sub_block_done();
+    mhc_site(layer.ffn_hc, layer.post_attention_norm);
     if (layer.mlp_type == MlpType::dense) {
       const ProfileScope part(profile_, backend_, "dense mlp");
       mlp_block(ws, layer.dense, normed, T, block_out);
     } else {
       moe_block(ws, layer.moe, normed, T, block_out);
     }
+    sub_block_done();
+  }
+  if (pending) {
     const ProfileScope part(profile_, backend_, "mhc and norms");
-    backend_.mhc_post(mhc, post, comb, block_out, streams);
+    backend_.mhc_post(mhc, pending->post, pending->comb, pending->block_out, streams);
   }
   for (const CallRows& call : rows) call.sequence->advance(call.count);
 
@@ -145,10 +153,10 @@ std::vector<std::vector<float>> Glm5NextModel::forward_batch(std::span<const Seq
     backend_.rms_norm(x, head_rows, D, weights_.final_norm.data(), eps, normed);
     backend_.linear(normed, head_rows, weights_.lm_head, head);
   }
-  std::vector<float> host(static_cast<size_t>(head_rows * c.vocab_size));
+  std::span<const float> host;
   {
     const ProfileScope part(profile_, backend_, "logits to host");
-    backend_.copy_to_host(host.data(), head, host.size() * sizeof(float));
+    host = backend_.read_back(head, static_cast<size_t>(head_rows * c.vocab_size));
   }
   for (size_t k = 0; k < rows.size(); ++k) {
     if (head_row[k] < 0) continue;

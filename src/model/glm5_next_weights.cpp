@@ -101,18 +101,7 @@ public:
           return view;
         },
         module, rows, cols);
-    return LinearWeight{.name = module,
-                        .dtype = DType::i16,
-                        .out_features = rows,
-                        .in_features = cols,
-                        .data = t.trellis->data,
-                        .exl3 = Exl3Matrix{.trellis = t.trellis->data,
-                                           .suh = t.suh->data,
-                                           .svh = t.svh->data,
-                                           .bits = t.bits,
-                                           .codebook = t.codebook,
-                                           .in_padded = t.in_padded,
-                                           .out_padded = t.out_padded}};
+    return exl3_linear_weight(module, t, rows, cols);
   }
 
   // A small float tensor of the given shape, converted to float32.

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/device_experts.h"
 #include "base/error.h"
 #include "cuda_test_util.h"
@@ -87,6 +88,40 @@ TEST(CudaExpertsTest, FusedMoeMatchesCpu) {
       EXPECT_LT(relative_difference(to_host(out), expected), kTolerance)
           << "experts " << shape.experts << " hidden " << shape.hidden << " tokens " << tokens;
     }
+  }
+}
+
+// CudaBackend::moe_experts runs the fused path up to 64 tokens and groups longer calls' tokens by expert: both,
+// either side of the switch, against the CPU.
+TEST(CudaExpertsTest, BackendMoeMatchesCpuOnBothPaths) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  constexpr int64_t kExperts = 12, kHidden = 256, kIntermediate = 128, kTopK = 4;
+  CpuBackend cpu;
+  CudaBackend gpu(0);
+  const RandomExperts experts = random_experts(kExperts, kHidden, kIntermediate, 900);
+  const std::shared_ptr<const PlacedWeight> placed = gpu.place_experts(experts.weights);
+  uint32_t seed = 950;
+  for (const int64_t tokens : {64, 65}) {
+    std::vector<int32_t> ids;
+    std::vector<float> weights;
+    random_routing(tokens, kTopK, kExperts, ++seed, ids, weights);
+    const std::vector<float> x = random_values(static_cast<size_t>(tokens * kHidden), ++seed);
+    std::vector<float> expected(x.size());
+    const MoeArgs args{.num_tokens = tokens, .hidden = kHidden, .intermediate = kIntermediate, .top_k = kTopK,
+                       .swiglu_limit = 7.0f, .x = x.data(), .experts = &experts.weights,
+                       .expert_ids = ids.data(), .expert_weights = weights.data(), .out = expected.data()};
+    cpu.moe_experts(args);
+    const DeviceBuffer x_dev = to_device(x), ids_dev = to_device(ids), weights_dev = to_device(weights);
+    DeviceBuffer out(x.size() * sizeof(float));
+    MoeArgs device_args = args;
+    device_args.x = x_dev.as<float>();
+    device_args.placed_experts = placed.get();
+    device_args.expert_ids = ids_dev.as<int32_t>();
+    device_args.expert_weights = weights_dev.as<float>();
+    device_args.out = out.as<float>();
+    gpu.moe_experts(device_args);
+    gpu.synchronize();
+    EXPECT_LT(relative_difference(to_host(out), expected), kTolerance) << "tokens " << tokens;
   }
 }
 

@@ -76,7 +76,7 @@ TEST(CudaLinearTest, Exl3AtExpertShapeMatchesCpu) {
 
 TEST(CudaLinearTest, Exl3ResultsDoNotDependOnTiming) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  // 16 k slices finish in whatever order the GPU runs them; the last one sums them in slice order.
+  // The k slices (4 at this shape) finish in whatever order the GPU runs them; the last one sums them in slice order.
   const RandomExl3Matrix m = random_exl3_matrix(4096, 2048, 4, Codebook::mcg, 98);
   const std::vector<float> x = random_values(3 * 2048, 6);
   const std::vector<float> first = gpu_linear(m.weight(), x, 3);

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/device_linear.h"
 #include "backend/cuda/mhc_kernels.h"
 #include "backend/cuda/norm_kernels.h"
@@ -81,10 +82,82 @@ TEST(CudaMhcTest, PreAndPostMatchCpu) {
   }
 }
 
+// The fused site (one launch: pending post-mix, pre-mix, norm) through CudaBackend::mhc_site against the CPU
+// backend's composition of mhc_post, mhc_pre and rms_norm, with and without a pending post-mix, fn in bf16 and f32;
+// 17 tokens take the composed path. The fused form divides fn · streams by the rms after the product instead of
+// before, which moves the mixes by a few float32 roundings; the Sinkhorn weights amplify that, hence 1e-4.
+TEST(CudaMhcTest, FusedSiteMatchesCpuComposition) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  constexpr double kSiteTolerance = 1e-4;
+  CpuBackend cpu;
+  CudaBackend gpu(0);
+  struct SiteCase {
+    int64_t tokens, hc, hidden;
+    bool pending;
+    DType fn_dtype;
+  };
+  for (const SiteCase c : {SiteCase{1, 4, 4096, true, DType::bf16}, SiteCase{1, 4, 4096, false, DType::bf16},
+                           SiteCase{5, 4, 256, true, DType::f32}, SiteCase{16, 2, 100, true, DType::bf16},
+                           SiteCase{17, 4, 256, true, DType::bf16}}) {
+    const int64_t mix = (2 + c.hc) * c.hc, width = c.hc * c.hidden, T = c.tokens;
+    const std::vector<float> fn = random_values(static_cast<size_t>(mix * width), 11, 0.05f);
+    std::vector<uint16_t> fn_bf16(fn.size());
+    for (size_t i = 0; i < fn.size(); ++i) fn_bf16[i] = f32_to_bf16(fn[i]);
+    const auto* fn_data = c.fn_dtype == DType::bf16 ? reinterpret_cast<const std::byte*>(fn_bf16.data())
+                                                    : reinterpret_cast<const std::byte*>(fn.data());
+    MhcWeights weights{.fn = LinearWeight{.name = "hc_fn", .dtype = c.fn_dtype, .out_features = mix,
+                                          .in_features = width, .data = fn_data},
+                       .base = random_values(static_cast<size_t>(mix), 12),
+                       .scale = std::vector<float>{0.7f, 1.3f, 2.0f}};
+    const MhcShape shape{.num_tokens = T, .hc_mult = c.hc, .hidden = c.hidden, .rms_eps = 1e-6f, .hc_eps = 1e-6f,
+                         .sinkhorn_iters = 20};
+    const WeightVector norm = random_values(static_cast<size_t>(c.hidden), 13);
+    const std::vector<float> streams = random_values(static_cast<size_t>(T * width), 14, 2.0f);
+    const std::vector<float> pending_post = random_values(static_cast<size_t>(T * c.hc), 15);
+    const std::vector<float> pending_comb = random_values(static_cast<size_t>(T * c.hc * c.hc), 16, 0.5f);
+    const std::vector<float> block_out = random_values(static_cast<size_t>(T * c.hidden), 17);
+    const auto sized = [](int64_t n) { return std::vector<float>(static_cast<size_t>(n)); };
+
+    std::vector<float> cpu_streams = streams, post = sized(T * c.hc), comb = sized(T * c.hc * c.hc),
+                       collapsed = sized(T * c.hidden), normed = sized(T * c.hidden);
+    const MhcPendingPost cpu_pending{.post = pending_post.data(), .comb = pending_comb.data(),
+                                     .block_out = block_out.data()};
+    cpu.mhc_site(shape, c.pending ? &cpu_pending : nullptr, weights, norm.data(), cpu_streams.data(), post.data(),
+                 comb.data(), collapsed.data(), normed.data());
+
+    MhcWeights placed = weights;
+    WeightVector placed_norm = norm;
+    gpu.place(placed.fn);
+    gpu.place(placed.base);
+    gpu.place(placed.scale);
+    gpu.place(placed_norm);
+    DeviceBuffer streams_dev = to_device(streams);
+    const DeviceBuffer post_in = to_device(pending_post), comb_in = to_device(pending_comb),
+                       out_in = to_device(block_out);
+    DeviceBuffer post_dev(post.size() * sizeof(float)), comb_dev(comb.size() * sizeof(float)),
+        collapsed_dev(collapsed.size() * sizeof(float)), normed_dev(normed.size() * sizeof(float));
+    const MhcPendingPost gpu_pending{.post = post_in.as<float>(), .comb = comb_in.as<float>(),
+                                     .block_out = out_in.as<float>()};
+    gpu.mhc_site(shape, c.pending ? &gpu_pending : nullptr, placed, placed_norm.data(), streams_dev.as<float>(),
+                 post_dev.as<float>(), comb_dev.as<float>(), collapsed_dev.as<float>(), normed_dev.as<float>());
+    gpu.synchronize();
+    const std::string where = "tokens " + std::to_string(T) + " hc " + std::to_string(c.hc) + " hidden " +
+                              std::to_string(c.hidden) + (c.pending ? " pending" : "");
+    EXPECT_LT(relative_difference(to_host(streams_dev), cpu_streams), kSiteTolerance) << where;
+    EXPECT_LT(relative_difference(to_host(post_dev), post), kSiteTolerance) << where;
+    EXPECT_LT(relative_difference(to_host(comb_dev), comb), kSiteTolerance) << where;
+    EXPECT_LT(relative_difference(to_host(collapsed_dev), collapsed), kSiteTolerance) << where;
+    EXPECT_LT(relative_difference(to_host(normed_dev), normed), kSiteTolerance) << where;
+  }
+}
+
 TEST(CudaMhcTest, UnsupportedStreamCountIsRefused) {
   // Argument checks run before any launch, so this holds with or without a GPU.
   EXPECT_EQ(mhc_post(nullptr, nullptr, nullptr, 1, kMaxHcMult + 1, 8, nullptr, nullptr), cudaErrorInvalidValue);
   EXPECT_EQ(mhc_mix(MhcMixArgs{.num_tokens = 1, .hc_mult = 0, .hidden = 8, .sinkhorn_iters = 20}, nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(mhc_site(MhcSiteArgs{.num_tokens = 1, .hc_mult = kMaxHcMult + 1, .hidden = 8, .sinkhorn_iters = 20},
+                     nullptr),
             cudaErrorInvalidValue);
 }
 

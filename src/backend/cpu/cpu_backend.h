@@ -18,6 +18,7 @@ public:
   void fill(float* data, int64_t count, float value) override;
   void copy_to_backend(void* dst, const void* host, size_t bytes) override;
   void copy_to_host(void* host, const void* src, size_t bytes) override;
+  std::span<const float> read_back(const float* src, size_t count) override { return {src, count}; }
   void copy(void* dst, const void* src, size_t bytes) override;
   std::optional<DeviceMemory> device_memory() override { return std::nullopt; }
 

@@ -36,8 +36,11 @@ struct PlacedExperts final : PlacedWeight {
   std::vector<DeviceLinear> linears;
 };
 
-// Above this many tokens an MoE call groups its tokens by expert (CudaBackend::moe_experts).
-constexpr int64_t kFusedMoeMaxTokens = 16;
+// Above this many tokens an MoE call groups its tokens by expert (CudaBackend::moe_experts). At 64 tokens of
+// GLM-5.3-Flash's layer the fused path takes 3.7 ms and the grouped one 11.3 ms (H100, docs/benchmarks/cuda_linear.md).
+constexpr int64_t kFusedMoeMaxTokens = 64;
+// Up to this many tokens an mHC site is one launch (CudaBackend::mhc_site): the fused kernel reads fn once per token.
+constexpr int64_t kFusedSiteMaxTokens = 16;
 
 DevicePagedRows device_rows(const PagedRows& rows) {
   return DevicePagedRows{.pool = rows.pool().data(),
@@ -108,6 +111,13 @@ void CudaBackend::copy_to_host(void* host, const void* src, size_t bytes) {
 
 void CudaBackend::copy(void* dst, const void* src, size_t bytes) {
   if (bytes > 0) check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_), "device copy");
+}
+
+std::span<const float> CudaBackend::read_back(const float* src, size_t count) {
+  // Every read_back waits for its copy, so no copy into the buffer is in flight when reserve replaces it.
+  auto* host = static_cast<float*>(read_back_.reserve(std::max<size_t>(count, 1) * sizeof(float)));
+  copy_to_host(host, src, count * sizeof(float));
+  return {host, count};
 }
 
 void CudaBackend::synchronize() { check(cudaStreamSynchronize(stream_), "stream synchronize"); }
@@ -215,6 +225,47 @@ void CudaBackend::mhc_post(const MhcShape& shape, const float* post, const float
                            float* streams) {
   check(cuda::mhc_post(post, comb, block_out, shape.num_tokens, shape.hc_mult, shape.hidden, streams, stream_),
         "mhc_post launch");
+}
+
+void CudaBackend::mhc_site(const MhcShape& shape, const MhcPendingPost* pending, const MhcWeights& weights,
+                           const float* norm_weight, float* streams, float* post, float* comb, float* collapsed,
+                           float* normed) {
+  require(shape.hc_mult >= 1 && shape.hc_mult <= kMaxHcMult, "mHC with {} streams: the CUDA kernels take 1 to {}",
+          shape.hc_mult, kMaxHcMult);
+  const DeviceLinear& fn = placed_linear(weights.fn);
+  if (shape.num_tokens > kFusedSiteMaxTokens || fn.plain_data() == nullptr) {
+    Backend::mhc_site(shape, pending, weights, norm_weight, streams, post, comb, collapsed, normed);
+    return;
+  }
+  if (site_counters_.size() == 0) {
+    site_counters_ = DeviceBuffer(kFusedSiteMaxTokens * sizeof(unsigned));
+    check(cudaMemsetAsync(site_counters_.data(), 0, site_counters_.size(), stream_), "site counters");
+  }
+  const int64_t T = shape.num_tokens;
+  float* partials = scratch_b_.floats(static_cast<size_t>(mhc_site_scratch_floats(T, shape.hc_mult, shape.hidden)));
+  check(cuda::mhc_site(MhcSiteArgs{.num_tokens = T,
+                                   .hc_mult = shape.hc_mult,
+                                   .hidden = shape.hidden,
+                                   .rms_eps = shape.rms_eps,
+                                   .hc_eps = shape.hc_eps,
+                                   .sinkhorn_iters = shape.sinkhorn_iters,
+                                   .fn = fn.plain_data(),
+                                   .fn_type = fn.dense_type(),
+                                   .base = weights.base.data(),
+                                   .scale = weights.scale.data(),
+                                   .norm_weight = norm_weight,
+                                   .pending_post = pending ? pending->post : nullptr,
+                                   .pending_comb = pending ? pending->comb : nullptr,
+                                   .pending_block_out = pending ? pending->block_out : nullptr,
+                                   .streams = streams,
+                                   .post = post,
+                                   .comb = comb,
+                                   .collapsed = collapsed,
+                                   .normed = normed,
+                                   .partials = partials,
+                                   .counters = site_counters_.as<unsigned>()},
+                       stream_),
+        "mhc_site launch");
 }
 
 void CudaBackend::causal_conv_silu(const float* x, int64_t num_tokens, int64_t channels, int64_t kernel,

@@ -2,7 +2,7 @@
 // queued on the stream and returns at once; copy_to_host is the only point the host waits. Memory for activations,
 // caches and states comes from the device's stream-ordered pool (cudaMallocAsync, kept cached), weights are copied
 // to the GPU at placement in their on-disk format (EXL3 trellises, bf16, block-fp8), and a model's routed experts
-// become one DeviceExperts when they are EXL3 of one format (the fused path, for calls of up to 16 tokens: decode),
+// become one DeviceExperts when they are EXL3 of one format (the fused path, for calls of up to 64 tokens: decode),
 // else a DeviceLinear each. Longer calls (prefill) and other experts group their tokens by expert, which reads the
 // routing on the host once per MoE layer.
 #pragma once
@@ -39,6 +39,7 @@ public:
   void copy_to_backend(void* dst, const void* host, size_t bytes) override;
   void copy_to_host(void* host, const void* src, size_t bytes) override;
   void copy(void* dst, const void* src, size_t bytes) override;
+  std::span<const float> read_back(const float* src, size_t count) override;
   void synchronize() override;
   std::optional<DeviceMemory> device_memory() override;
 
@@ -56,6 +57,9 @@ public:
                float* collapsed) override;
   void mhc_post(const MhcShape& shape, const float* post, const float* comb, const float* block_out,
                 float* streams) override;
+  void mhc_site(const MhcShape& shape, const MhcPendingPost* pending, const MhcWeights& weights,
+                const float* norm_weight, float* streams, float* post, float* comb, float* collapsed,
+                float* normed) override;
   void causal_conv_silu(const float* x, int64_t num_tokens, int64_t channels, int64_t kernel, const float* weight,
                         float* conv_state, float* y) override;
   void kda_chunked(const KdaArgs& args, int64_t chunk_size) override;
@@ -91,6 +95,8 @@ private:
   // the MoE's slot buffers, and two general arrays.
   Scratch linear_scratch_, moe_scratch_, scratch_a_, scratch_b_;
   DeviceBuffer int_scratch_;  // the by-expert MoE path's token and slot lists
+  PinnedBuffer read_back_;    // what read_back returns (the logits each step)
+  DeviceBuffer site_counters_;  // the fused mHC site's per-token counters, zero between launches
   // Matrices placed once per checkpoint tensor (a tied head is the embedding's copy).
   std::map<const std::byte*, std::weak_ptr<const PlacedWeight>> placed_by_data_;
   size_t placed_bytes_ = 0;

@@ -18,23 +18,31 @@ DeviceExperts DeviceExperts::upload(const std::vector<ExpertWeights>& experts, i
       result.linears_.push_back(DeviceLinear::upload(*weight, sm_count));
     }
   }
-  Projection* projections[] = {&result.gate_, &result.up_, &result.down_};
+  // Per projection, every expert's matrix checked against expert 0's; gate and up go into one table, interleaved.
+  std::vector<Exl3MatrixRef> refs[3];
   for (int which = 0; which < 3; ++which) {
-    const DeviceLinear& first = result.linears_[static_cast<size_t>(which)];
-    std::vector<Exl3MatrixRef> refs;
+    const Exl3DeviceView& base = *result.linears_[static_cast<size_t>(which)].exl3();
     for (size_t e = 0; e < experts.size(); ++e) {
       const DeviceLinear& linear = result.linears_[e * 3 + static_cast<size_t>(which)];
       const Exl3DeviceView& view = *linear.exl3();
-      const Exl3DeviceView& base = *first.exl3();
       require(view.bits == base.bits && view.codebook == base.codebook && view.in_features == base.in_features &&
                   view.out_features == base.out_features,
-              "expert weight '{}' differs from '{}' in shape, bitrate or codebook", linear.name(), first.name());
-      refs.push_back(Exl3MatrixRef{.trellis = view.trellis, .suh = view.suh, .svh = view.svh});
+              "expert weight '{}' differs from '{}' in shape, bitrate or codebook", linear.name(),
+              result.linears_[static_cast<size_t>(which)].name());
+      refs[which].push_back(Exl3MatrixRef{.trellis = view.trellis, .suh = view.suh, .svh = view.svh});
     }
-    Projection& projection = *projections[which];
-    projection.shape = *first.exl3();
-    projection.table = DeviceBuffer::copy_of(refs.data(), refs.size() * sizeof(Exl3MatrixRef));
   }
+  std::vector<Exl3MatrixRef> gate_up;
+  for (size_t e = 0; e < experts.size(); ++e) gate_up.insert(gate_up.end(), {refs[0][e], refs[1][e]});
+  result.gate_shape_ = *result.linears_[0].exl3();
+  result.up_shape_ = *result.linears_[1].exl3();
+  result.gate_up_table_ = DeviceBuffer::copy_of(gate_up.data(), gate_up.size() * sizeof(Exl3MatrixRef));
+  const Exl3DeviceView &g = result.gate_shape_, &u = result.up_shape_;
+  result.one_gate_up_launch_ = g.bits == u.bits && g.codebook == u.codebook && g.in_padded == u.in_padded &&
+                               g.out_padded == u.out_padded && g.in_features == u.in_features &&
+                               g.out_features == u.out_features;
+  result.down_.shape = *result.linears_[2].exl3();
+  result.down_.table = DeviceBuffer::copy_of(refs[2].data(), refs[2].size() * sizeof(Exl3MatrixRef));
   result.sm_count_ = sm_count;
   result.expert_bytes_ = result.linears_[0].weight_bytes() + result.linears_[1].weight_bytes() +
                          result.linears_[2].weight_bytes();
@@ -42,7 +50,7 @@ DeviceExperts DeviceExperts::upload(const std::vector<ExpertWeights>& experts, i
 }
 
 unsigned* DeviceExperts::counters(int64_t slots) const {
-  const size_t per_slot = std::max({exl3_counter_count(gate_.shape), exl3_counter_count(up_.shape),
+  const size_t per_slot = std::max({exl3_counter_count(gate_shape_), exl3_counter_count(up_shape_),
                                     exl3_counter_count(down_.shape)});
   const size_t bytes = static_cast<size_t>(slots) * per_slot * sizeof(unsigned);
   if (counters_.size() < bytes) {
@@ -58,33 +66,51 @@ void DeviceExperts::forward(const float* x, int64_t num_tokens, int64_t top_k, c
                             cudaStream_t stream) const {
   const int64_t slots = num_tokens * top_k;
   if (slots == 0) return;
-  require(slots <= 65535, "CUDA MoE: {} token-expert slots in one call (at most 65535)", slots);
-  const int64_t hidden = gate_.shape.in_features, intermediate = gate_.shape.out_features;
-  // The slots share the SMs: each projection's k-split is planned for its share, so a decode step's 8 slots get
-  // long slices (fewer partials and hand-offs) instead of the single-matrix split.
-  const int share = std::max<int>(1, sm_count_ / static_cast<int>(std::min<int64_t>(slots, sm_count_)));
-  const Exl3Plan gate_plan = exl3_plan(gate_.shape, share), up_plan = exl3_plan(up_.shape, share),
-                 down_plan = exl3_plan(down_.shape, share);
-  // Scratch: gate and up outputs [slots, I] (the activation overwrites gate), down outputs [slots, hidden], then the
-  // k-split partials of the largest projection.
-  const size_t partial = std::max({exl3_scratch_floats(gate_.shape, gate_plan), exl3_scratch_floats(up_.shape, up_plan),
+  require(2 * slots <= 65535, "CUDA MoE: {} token-expert slots in one call (at most 32767)", slots);
+  const int64_t hidden = gate_shape_.in_features, intermediate = gate_shape_.out_features;
+  // The launch's matrices share the SMs: each projection's k-split is planned for its share, so a decode step's 16
+  // gate and up matrices get long slices (fewer partials and hand-offs) instead of the single-matrix split.
+  const auto share = [&](int64_t matrices) {
+    return std::max<int>(1, sm_count_ / static_cast<int>(std::min<int64_t>(matrices, sm_count_)));
+  };
+  const int64_t gate_up_matrices = one_gate_up_launch_ ? 2 * slots : slots;
+  const Exl3Plan gate_plan = exl3_plan(gate_shape_, share(gate_up_matrices)),
+                 up_plan = exl3_plan(up_shape_, share(gate_up_matrices)),
+                 down_plan = exl3_plan(down_.shape, share(slots));
+  // Scratch: gate and up outputs [slots, 2, I] (interleaved when one launch computes both, else gate [slots, I]
+  // then up), the activation [slots, I], down outputs [slots, hidden], then the k-split partials of the largest
+  // projection for every matrix of a launch.
+  const size_t partial = std::max({exl3_scratch_floats(gate_shape_, gate_plan), exl3_scratch_floats(up_shape_, up_plan),
                                    exl3_scratch_floats(down_.shape, down_plan)}) *
-                         static_cast<size_t>(slots);
+                         static_cast<size_t>(2 * slots);
   const auto n_i = static_cast<size_t>(slots * intermediate), n_d = static_cast<size_t>(slots * hidden);
-  float* gate = scratch.floats(2 * n_i + n_d + partial);
-  float* up = gate + n_i;
-  float* down = up + n_i;
+  float* gate_up = scratch.floats(3 * n_i + n_d + partial);
+  float* activation = gate_up + 2 * n_i;
+  float* down = activation + n_i;
   float* partials = down + n_d;
-  unsigned* slot_counters = counters(slots);
-  check(exl3_slot_linear(gate_.shape, gate_plan, gate_.table.as<Exl3MatrixRef>(), ids, slots, x, top_k, gate,
-                         partials, slot_counters, stream),
-        "expert gate launch");
-  check(exl3_slot_linear(up_.shape, up_plan, up_.table.as<Exl3MatrixRef>(), ids, slots, x, top_k, up, partials,
-                         slot_counters, stream),
-        "expert up launch");
-  check(clamped_swiglu(gate, up, static_cast<int64_t>(n_i), swiglu_limit, gate, stream), "expert activation launch");
-  check(exl3_slot_linear(down_.shape, down_plan, down_.table.as<Exl3MatrixRef>(), ids, slots, gate, 1, down,
-                         partials, slot_counters, stream),
+  unsigned* slot_counters = counters(2 * slots);
+  const auto* table = gate_up_table_.as<Exl3MatrixRef>();
+  if (one_gate_up_launch_) {
+    check(exl3_slot_linear(gate_shape_, gate_plan, Exl3SlotTable{.matrices = table, .ids = ids, .id_group = 2,
+                                                                 .stride = 2},
+                           2 * slots, x, 2 * top_k, gate_up, partials, slot_counters, stream),
+          "expert gate and up launch");
+    check(clamped_swiglu_pairs(gate_up, slots, intermediate, swiglu_limit, activation, stream),
+          "expert activation launch");
+  } else {
+    float* up = gate_up + n_i;
+    check(exl3_slot_linear(gate_shape_, gate_plan, Exl3SlotTable{.matrices = table, .ids = ids, .stride = 2}, slots,
+                           x, top_k, gate_up, partials, slot_counters, stream),
+          "expert gate launch");
+    check(exl3_slot_linear(up_shape_, up_plan, Exl3SlotTable{.matrices = table + 1, .ids = ids, .stride = 2}, slots,
+                           x, top_k, up, partials, slot_counters, stream),
+          "expert up launch");
+    check(clamped_swiglu(gate_up, up, static_cast<int64_t>(n_i), swiglu_limit, activation, stream),
+          "expert activation launch");
+  }
+  check(exl3_slot_linear(down_.shape, down_plan, Exl3SlotTable{.matrices = down_.table.as<Exl3MatrixRef>(),
+                                                                .ids = ids},
+                         slots, activation, 1, down, partials, slot_counters, stream),
         "expert down launch");
   check(weighted_slot_sum(down, weights, num_tokens, top_k, hidden, out, stream), "expert combine launch");
 }

@@ -1,7 +1,7 @@
 // One MoE layer's routed experts on the GPU, EXL3 only (the format of the deployed checkpoint's experts), and the
-// fused decode path over them: with the router's choices in device memory, a layer is five launches whatever the
-// routing (gate and up for every slot, clamped SwiGLU, down for every slot, the weighted combine), without a host
-// round trip, so a decode step can be captured as a CUDA graph. A slot is one token's use of one of its top_k
+// fused decode path over them: with the router's choices in device memory, a layer is four launches whatever the
+// routing (gate and up together for every slot, clamped SwiGLU, down for every slot, the weighted combine; five
+// when gate and up differ in format), without a host round trip, so a decode step can be captured as a CUDA graph. A slot is one token's use of one of its top_k
 // experts; each slot reads its expert's matrices once, so tokens sharing an expert read it once each (grouping
 // them is future work for large batches).
 #pragma once
@@ -43,7 +43,10 @@ private:
   unsigned* counters(int64_t slots) const;
 
   std::vector<DeviceLinear> linears_;  // gate, up, down of expert 0, then expert 1, ...
-  Projection gate_, up_, down_;
+  Exl3DeviceView gate_shape_, up_shape_;  // pointers unused
+  DeviceBuffer gate_up_table_;            // Exl3MatrixRef per expert: its gate, then its up
+  bool one_gate_up_launch_ = false;       // gate and up of one shape, bitrate and codebook
+  Projection down_;
   size_t expert_bytes_ = 0;
   int sm_count_ = 1;
   mutable DeviceBuffer counters_;  // per slot, the largest projection's counters; zero between calls

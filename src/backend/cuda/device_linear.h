@@ -43,6 +43,11 @@ public:
   // The matrix on the device and its k-split, for EXL3 weights (null otherwise).
   const Exl3DeviceView* exl3() const { return exl3_ ? &view_ : nullptr; }
   const Exl3Plan& plan() const { return plan_; }
+  // The matrix as stored, for a dense weight that is not fp8 (null otherwise), and its element type.
+  const void* plain_data() const {
+    return exl3_ || dense_type_ == DenseWeightType::f8_e4m3 ? nullptr : data_.data();
+  }
+  DenseWeightType dense_type() const { return dense_type_; }
 
 private:
   std::string name_;

@@ -73,4 +73,18 @@ void DeviceBuffer::zero() {
   if (bytes_ > 0) check(cudaMemset(data_, 0, bytes_), "cudaMemset");
 }
 
+PinnedBuffer::~PinnedBuffer() {
+  if (data_ != nullptr) (void)cudaFreeHost(data_);
+}
+
+void* PinnedBuffer::reserve(size_t bytes) {
+  if (bytes > bytes_) {
+    if (data_ != nullptr) check(cudaFreeHost(std::exchange(data_, nullptr)), "cudaFreeHost");
+    bytes_ = 0;
+    check(cudaMallocHost(&data_, bytes), "cudaMallocHost");
+    bytes_ = bytes;
+  }
+  return data_;
+}
+
 }  // namespace kestrel::cuda

@@ -54,4 +54,20 @@ private:
   size_t bytes_ = 0;
 };
 
+// Page-locked host memory (cudaMallocHost): device-to-host copies into it run at the bus's speed.
+class PinnedBuffer {
+public:
+  PinnedBuffer() = default;
+  ~PinnedBuffer();
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+
+  // At least `bytes` bytes; a smaller buffer is replaced (its contents are not kept).
+  void* reserve(size_t bytes);
+
+private:
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+};
+
 }  // namespace kestrel::cuda

@@ -290,11 +290,34 @@ __device__ void project_values(const SparseMlaDeviceArgs& a, int64_t t, int64_t 
   }
 }
 
-// Split calls: one block per (token, head) computes q̂ into the scratch once for all its parts.
+// Split calls: q̂ into the scratch once for all the parts, by blocks of (token × head, kAbsorbRanks ranks), so that
+// W_UK (qk_head_dim × rank per head) is read by many SMs at once rather than one block per head. Thread (g, r)
+// sums the qk dimensions g, g + kAbsorbGroups, ...; the groups' sums are added in group order.
+constexpr int kAbsorbRanks = 64;
+constexpr int kAbsorbGroups = kThreads / kAbsorbRanks;
+
 __global__ void __launch_bounds__(kThreads) absorb_query_kernel(SparseMlaDeviceArgs a) {
   extern __shared__ float4 shared_vectors[];
-  const int64_t t = blockIdx.x / a.num_heads, h = blockIdx.x % a.num_heads;
-  absorb_query(a, t, h, reinterpret_cast<float*>(shared_vectors), a.scratch + blockIdx.x * a.kv_lora_rank);
+  float* q = reinterpret_cast<float*>(shared_vectors);  // [qk_head_dim]
+  __shared__ float sums[kAbsorbGroups][kAbsorbRanks];
+  const int rank = static_cast<int>(a.kv_lora_rank), qk = static_cast<int>(a.qk_head_dim);
+  const int64_t pair = blockIdx.x, h = pair % a.num_heads;
+  const int r = static_cast<int>(blockIdx.y) * kAbsorbRanks + static_cast<int>(threadIdx.x) % kAbsorbRanks;
+  const int group = static_cast<int>(threadIdx.x) / kAbsorbRanks;
+  for (int d = threadIdx.x; d < qk; d += kThreads) q[d] = a.query[pair * qk + d];
+  __syncthreads();
+  float sum = 0.0f;
+  if (r < rank) {
+    const float* w_uk = a.w_uk + h * qk * rank;
+    for (int d = group; d < qk; d += kAbsorbGroups) sum += q[d] * w_uk[d * rank + r];
+  }
+  sums[group][threadIdx.x % kAbsorbRanks] = sum;
+  __syncthreads();
+  if (group == 0 && r < rank) {
+    float total = 0.0f;
+    for (int g = 0; g < kAbsorbGroups; ++g) total += sums[g][threadIdx.x];
+    a.scratch[pair * rank + r] = total;
+  }
 }
 
 // Grid (token × head, part). Each block runs the online softmax over its part of the token's positions; with one part
@@ -383,11 +406,16 @@ __global__ void __launch_bounds__(kThreads) sparse_mla_kernel(SparseMlaDeviceArg
   project_values(a, t, h, q_latent);
 }
 
-// One block per (token, head): merges its parts' softmax states (rescaled to the common max), then W_UV.
+// Blocks of (token × head, kProjectRows output rows): each merges the pair's parts' softmax states (rescaled to the
+// common max; every block of the pair computes the same ô) and applies its rows of W_UV, so that W_UV is read by
+// many SMs at once.
+constexpr int kProjectRows = 32;
+
 __global__ void __launch_bounds__(kThreads) combine_parts_kernel(SparseMlaDeviceArgs a, int parts) {
   extern __shared__ float4 shared_vectors[];
-  const int rank = static_cast<int>(a.kv_lora_rank);
-  const int64_t pair = blockIdx.x, t = pair / a.num_heads, h = pair % a.num_heads;
+  const int rank = static_cast<int>(a.kv_lora_rank), vd = static_cast<int>(a.v_head_dim);
+  const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
+  const int64_t pair = blockIdx.x, h = pair % a.num_heads;
   float* o_latent = reinterpret_cast<float*>(shared_vectors);
   float* weights = o_latent + rank;  // [parts]
   const float* partial = a.scratch + a.num_tokens * a.num_heads * rank + pair * parts * (rank + 2);
@@ -407,7 +435,15 @@ __global__ void __launch_bounds__(kThreads) combine_parts_kernel(SparseMlaDevice
     o_latent[r] = total > 0.0f ? o / total : 0.0f;
   }
   __syncthreads();
-  project_values(a, t, h, o_latent);
+  const float* w_uv = a.w_uv + h * vd * rank;
+  float* out = a.out + pair * vd;
+  const int first = static_cast<int>(blockIdx.y) * kProjectRows, last = min(vd, first + kProjectRows);
+  for (int v = first + warp; v < last; v += kWarps) {
+    float sum = 0.0f;
+    for (int r = lane; r < rank; r += 32) sum += w_uv[v * rank + r] * o_latent[r];
+    sum = warp_sum(sum);
+    if (lane == 0) out[v] = sum;
+  }
 }
 
 bool valid_rows(const DevicePagedRows& rows, int64_t width) {
@@ -484,7 +520,12 @@ cudaError_t sparse_mla_attention(const SparseMlaDeviceArgs& a, cudaStream_t stre
       static_cast<size_t>((kLatentChunk + 2) * a.kv_lora_rank + a.qk_head_dim + kLatentChunk) * sizeof(float);
   if (const cudaError_t status = allow_shared(sparse_mla_kernel, shared); status != cudaSuccess) return status;
   if (parts > 1) {
-    absorb_query_kernel<<<pairs, kThreads, static_cast<size_t>(a.qk_head_dim) * sizeof(float), stream>>>(a);
+    const size_t absorb_shared = static_cast<size_t>(a.qk_head_dim) * sizeof(float);
+    if (const cudaError_t status = allow_shared(absorb_query_kernel, absorb_shared); status != cudaSuccess) {
+      return status;
+    }
+    const auto rank_blocks = static_cast<unsigned>((a.kv_lora_rank + kAbsorbRanks - 1) / kAbsorbRanks);
+    absorb_query_kernel<<<dim3(pairs, rank_blocks), kThreads, absorb_shared, stream>>>(a);
   }
   sparse_mla_kernel<<<dim3(pairs, static_cast<unsigned>(parts)), kThreads, shared, stream>>>(a);
   if (parts > 1) {
@@ -492,7 +533,8 @@ cudaError_t sparse_mla_attention(const SparseMlaDeviceArgs& a, cudaStream_t stre
     if (const cudaError_t status = allow_shared(combine_parts_kernel, combine_shared); status != cudaSuccess) {
       return status;
     }
-    combine_parts_kernel<<<pairs, kThreads, combine_shared, stream>>>(a, static_cast<int>(parts));
+    const auto row_blocks = static_cast<unsigned>((a.v_head_dim + kProjectRows - 1) / kProjectRows);
+    combine_parts_kernel<<<dim3(pairs, row_blocks), kThreads, combine_shared, stream>>>(a, static_cast<int>(parts));
   }
   return cudaGetLastError();
 }

@@ -102,8 +102,9 @@ __device__ __forceinline__ void tile_states(const uint32_t (&raw)[kLaneWords<Bit
 // the B registers of both mma as one 16-byte load.
 struct GemvParams {
   Exl3MatrixRef matrix;         // the matrix of every launch without a table
-  const Exl3MatrixRef* table;   // or, per slot (blockIdx.z), matrix table[ids[slot]]
+  const Exl3MatrixRef* table;   // or, per slot z (blockIdx.z), table[ids[z / id_group] * table_stride + z % id_group]
   const int32_t* ids;
+  int64_t id_group, table_stride;
   int64_t x_group;              // slot z reads input row z / x_group
   const float* x;
   float* y;
@@ -128,7 +129,7 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) trellis_gemv(GemvParams p
   const int warp = static_cast<int>(threadIdx.x / 32), lane = static_cast<int>(threadIdx.x & 31u);
   const int64_t tiles_k = p.in_padded / 16, tiles_n = p.out_padded / 16;
   const int64_t z = blockIdx.z;
-  const Exl3MatrixRef m = p.table ? p.table[p.ids[z]] : p.matrix;
+  const Exl3MatrixRef m = p.table ? p.table[p.ids[z / p.id_group] * p.table_stride + z % p.id_group] : p.matrix;
   const float* x = p.x + z / p.x_group * p.in_features;
   float* y = p.y + z * p.out_features;
   float* partial = p.partial + z * p.splits * kTokensPerPass * p.out_padded;
@@ -296,6 +297,8 @@ GemvParams params_for(const Exl3DeviceView& m, const Exl3Plan& plan, const float
   return GemvParams{.matrix = {.trellis = m.trellis, .suh = m.suh, .svh = m.svh},
                     .table = nullptr,
                     .ids = nullptr,
+                    .id_group = 1,
+                    .table_stride = 1,
                     .x_group = 1,
                     .x = x,
                     .y = y,
@@ -313,11 +316,15 @@ GemvParams params_for(const Exl3DeviceView& m, const Exl3Plan& plan, const float
 }  // namespace
 
 Exl3Plan exl3_plan(const Exl3DeviceView& matrix, int sm_count) {
-  // About 32 warps per SM at batch 1; a slice is 8..64 tiles (128..1024 rows: 16 tokens' doubled fp16 inputs fit in 66 KB).
+  // About 32 warps per SM at batch 1, but slices of at least 32 tiles (512 rows) where k has them: shorter ones
+  // cost more in partial sums and hand-offs than their parallelism gains (an H100 sweep at one token,
+  // docs/benchmarks/cuda_linear.md: 4096 -> 2048 took 14.7 µs in slices of 8 tiles, 11.2 in slices of 32). At most
+  // 64 tiles (1024 rows: 16 tokens' doubled fp16 inputs fit in 66 KB).
   const int64_t tiles_k = matrix.in_padded / 16, tiles_n = matrix.out_padded / 16;
   const int64_t wanted = std::max<int64_t>(1, int64_t{sm_count} * 32 / tiles_n);
   const int64_t per_slice = (tiles_k + wanted - 1) / wanted;
-  const int64_t slice_tiles = std::clamp<int64_t>((per_slice + 7) / 8 * 8, 8, kMaxSliceTiles);
+  const int64_t shortest = std::min<int64_t>(32, (tiles_k + 7) / 8 * 8);
+  const int64_t slice_tiles = std::clamp<int64_t>((per_slice + 7) / 8 * 8, shortest, kMaxSliceTiles);
   return Exl3Plan{.slice_tiles = slice_tiles, .splits = static_cast<int>((tiles_k + slice_tiles - 1) / slice_tiles)};
 }
 
@@ -336,14 +343,19 @@ cudaError_t exl3_linear(const Exl3DeviceView& m, const Exl3Plan& plan, const flo
   return cudaGetLastError();
 }
 
-cudaError_t exl3_slot_linear(const Exl3DeviceView& shape, const Exl3Plan& plan, const Exl3MatrixRef* table,
-                             const int32_t* ids, int64_t slots, const float* x, int64_t x_group, float* y,
-                             float* scratch, unsigned* counters, cudaStream_t stream) {
+cudaError_t exl3_slot_linear(const Exl3DeviceView& shape, const Exl3Plan& plan, const Exl3SlotTable& table,
+                             int64_t slots, const float* x, int64_t x_group, float* y, float* scratch,
+                             unsigned* counters, cudaStream_t stream) {
   if (slots == 0) return cudaSuccess;
-  if (!launchable(shape) || x_group < 1 || slots > 65535) return cudaErrorInvalidValue;
+  if (!launchable(shape) || x_group < 1 || slots > 65535 || table.id_group < 1 ||
+      table.stride < table.id_group) {
+    return cudaErrorInvalidValue;
+  }
   GemvParams p = params_for(shape, plan, x, y, scratch, counters);
-  p.table = table;
-  p.ids = ids;
+  p.table = table.matrices;
+  p.ids = table.ids;
+  p.id_group = table.id_group;
+  p.table_stride = table.stride;
   p.x_group = x_group;
   launch_gemv_for_bits(std::integer_sequence<int, 1, 2, 3, 4, 5, 6, 7, 8>{}, shape.bits, shape.codebook, p, 1, slots,
                        stream);

@@ -45,12 +45,22 @@ size_t exl3_counter_count(const Exl3DeviceView& matrix);
 cudaError_t exl3_linear(const Exl3DeviceView& matrix, const Exl3Plan& plan, const float* x, int64_t num_tokens,
                         float* y, float* scratch, unsigned* counters, cudaStream_t stream);
 
-// The routed-expert form, one launch for all slots (a slot is one token's use of one expert): for s in [0, slots),
-// y[s, out_features] = x[s / x_group, in_features] W^T with W = table[ids[s]] (device memory; every id must index
-// the table). All the table's matrices have `shape`'s size, bits and codebook (its pointers are not used). Scratch
-// and counters are per slot: slots times exl3_scratch_floats / exl3_counter_count. At most 65535 slots.
-cudaError_t exl3_slot_linear(const Exl3DeviceView& shape, const Exl3Plan& plan, const Exl3MatrixRef* table,
-                             const int32_t* ids, int64_t slots, const float* x, int64_t x_group, float* y,
-                             float* scratch, unsigned* counters, cudaStream_t stream);
+// Which matrix each slot of exl3_slot_linear applies: slot s takes matrices[ids[s / id_group] * stride +
+// s % id_group]. A table of `stride` matrices per expert (gate and up interleaved: stride 2) serves one launch for
+// all of an expert's matrices (id_group = stride: slot s is routed slot s / stride) or one per matrix (id_group 1,
+// matrices offset to the wanted one). matrices and ids are device memory; every id must index the table.
+struct Exl3SlotTable {
+  const Exl3MatrixRef* matrices = nullptr;
+  const int32_t* ids = nullptr;
+  int64_t id_group = 1, stride = 1;
+};
+
+// The routed-expert form, one launch for all slots (a slot is one token's use of one expert matrix): for s in
+// [0, slots), y[s, out_features] = x[s / x_group, in_features] W^T with W the table's matrix of slot s. All the
+// table's matrices have `shape`'s size, bits and codebook (its pointers are not used). Scratch and counters are per
+// slot: slots times exl3_scratch_floats / exl3_counter_count. At most 65535 slots.
+cudaError_t exl3_slot_linear(const Exl3DeviceView& shape, const Exl3Plan& plan, const Exl3SlotTable& table,
+                             int64_t slots, const float* x, int64_t x_group, float* y, float* scratch,
+                             unsigned* counters, cudaStream_t stream);
 
 }  // namespace kestrel::cuda
