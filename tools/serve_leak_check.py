@@ -4,11 +4,13 @@
 Usage:  python3 tools/serve_leak_check.py --url http://127.0.0.1:8899 [--requests 1000] [--concurrency 16]
                                           [--max-tokens 16]
 
-Standard library only (runs on the GPU machine as it is). A warm-up of `concurrency` requests first, so every
-sequence slot and scratch buffer exists; then the baseline of `kestrel:gpu_allocator_used_bytes` (what Kestrel's
-allocator holds) and `kestrel:gpu_memory_used_bytes` (the device); then the requests, with varied prompts (new cache
-blocks, prefix hits, evictions), streaming and not; then the gauges again once nothing runs. Exit status 1 when a
-request failed or either gauge grew.
+Standard library only (runs on the GPU machine as it is). The same N requests run twice: the first pass is the
+warm-up, which takes every buffer to the high-water mark this workload gives it (sequence slots, and the scratch of
+each path a pass of its size takes: the CUDA backend's fused MoE serves up to 64 tokens, the grouped one longer
+prompt chunks); then the baseline of `kestrel:gpu_allocator_used_bytes` (what Kestrel's allocator holds) and
+`kestrel:gpu_memory_used_bytes` (the device); then the second pass, with the same varied prompts (new cache blocks,
+prefix hits, evictions), streaming and not; then the gauges again once nothing runs. A leak grows with every pass; a
+high-water mark does not. Exit status 1 when a request failed or either gauge grew.
 """
 import argparse
 import concurrent.futures
@@ -77,10 +79,10 @@ def main():
         with concurrent.futures.ThreadPoolExecutor(args.concurrency) as pool:
             return list(pool.map(lambda i: one_request(args.url, model, offset + i, args.max_tokens), range(count)))
 
-    warm = run(args.concurrency, 0)
+    warm = run(args.requests, 0)
     before = wait_idle(args.url)
     start = time.time()
-    statuses = run(args.requests, args.concurrency)
+    statuses = run(args.requests, 0)
     seconds = time.time() - start
     after = wait_idle(args.url)
 
