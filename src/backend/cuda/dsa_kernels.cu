@@ -276,13 +276,14 @@ __device__ void absorb_query(const SparseMlaDeviceArgs& a, int64_t t, int64_t h,
   }
 }
 
-// out[t, h] = W_UV[h] ô, ô in shared memory, by the whole block.
-__device__ void project_values(const SparseMlaDeviceArgs& a, int64_t t, int64_t h, const float* o_latent) {
+// Rows [first, last) of out[t, h] = W_UV[h] ô, ô in shared memory, by the whole block.
+__device__ void project_values(const SparseMlaDeviceArgs& a, int64_t t, int64_t h, const float* o_latent, int first,
+                               int last) {
   const int rank = static_cast<int>(a.kv_lora_rank), vd = static_cast<int>(a.v_head_dim);
   const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
   const float* w_uv = a.w_uv + h * vd * rank;
   float* out = a.out + (t * a.num_heads + h) * vd;
-  for (int v = warp; v < vd; v += kWarps) {
+  for (int v = first + warp; v < last; v += kWarps) {
     float sum = 0.0f;
     for (int r = lane; r < rank; r += 32) sum += w_uv[v * rank + r] * o_latent[r];
     sum = warp_sum(sum);
@@ -403,7 +404,7 @@ __global__ void __launch_bounds__(kThreads) sparse_mla_kernel(SparseMlaDeviceArg
   }
   for (int r = tid; r < rank; r += kThreads) q_latent[r] = running_total > 0.0f ? acc[r] / running_total : 0.0f;
   __syncthreads();
-  project_values(a, t, h, q_latent);
+  project_values(a, t, h, q_latent, 0, static_cast<int>(a.v_head_dim));
 }
 
 // Blocks of (token × head, kProjectRows output rows): each merges the pair's parts' softmax states (rescaled to the
@@ -414,8 +415,7 @@ constexpr int kProjectRows = 32;
 __global__ void __launch_bounds__(kThreads) combine_parts_kernel(SparseMlaDeviceArgs a, int parts) {
   extern __shared__ float4 shared_vectors[];
   const int rank = static_cast<int>(a.kv_lora_rank), vd = static_cast<int>(a.v_head_dim);
-  const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
-  const int64_t pair = blockIdx.x, h = pair % a.num_heads;
+  const int64_t pair = blockIdx.x, t = pair / a.num_heads, h = pair % a.num_heads;
   float* o_latent = reinterpret_cast<float*>(shared_vectors);
   float* weights = o_latent + rank;  // [parts]
   const float* partial = a.scratch + a.num_tokens * a.num_heads * rank + pair * parts * (rank + 2);
@@ -435,15 +435,8 @@ __global__ void __launch_bounds__(kThreads) combine_parts_kernel(SparseMlaDevice
     o_latent[r] = total > 0.0f ? o / total : 0.0f;
   }
   __syncthreads();
-  const float* w_uv = a.w_uv + h * vd * rank;
-  float* out = a.out + pair * vd;
-  const int first = static_cast<int>(blockIdx.y) * kProjectRows, last = min(vd, first + kProjectRows);
-  for (int v = first + warp; v < last; v += kWarps) {
-    float sum = 0.0f;
-    for (int r = lane; r < rank; r += 32) sum += w_uv[v * rank + r] * o_latent[r];
-    sum = warp_sum(sum);
-    if (lane == 0) out[v] = sum;
-  }
+  const int first = static_cast<int>(blockIdx.y) * kProjectRows;
+  project_values(a, t, h, o_latent, first, min(vd, first + kProjectRows));
 }
 
 bool valid_rows(const DevicePagedRows& rows, int64_t width) {

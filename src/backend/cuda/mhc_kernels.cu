@@ -70,6 +70,15 @@ __global__ void __launch_bounds__(kThreads) mhc_mix_kernel(MhcMixArgs a) {
   }
 }
 
+// The post-mix of stream j at one channel: post_j * y + sum_i comb[i, j] * x_i, summed in i order (the CPU's), with
+// x_i at x[i * x_stride].
+__device__ __forceinline__ float post_mixed(const float* comb, int64_t hc, int64_t j, const float* x, int64_t x_stride,
+                                            float post_j, float y) {
+  float sum = 0.0f;
+  for (int64_t i = 0; i < hc; ++i) sum += comb[i * hc + j] * x[i * x_stride];
+  return post_j * y + sum;
+}
+
 // Grid (T, hidden / kThreads): each thread owns one channel d of one token, so the update can be in place.
 __global__ void __launch_bounds__(kThreads) mhc_post_kernel(const float* post, const float* comb,
                                                             const float* block_out, int64_t hc, int64_t hidden,
@@ -81,11 +90,7 @@ __global__ void __launch_bounds__(kThreads) mhc_post_kernel(const float* post, c
   float in[kMaxHcMult];
   for (int64_t i = 0; i < hc; ++i) in[i] = x[i * hidden + d];
   const float y = block_out[t * hidden + d];
-  for (int64_t j = 0; j < hc; ++j) {
-    float sum = 0.0f;
-    for (int64_t i = 0; i < hc; ++i) sum += c[i * hc + j] * in[i];
-    x[j * hidden + d] = post[t * hc + j] * y + sum;
-  }
+  for (int64_t j = 0; j < hc; ++j) x[j * hidden + d] = post_mixed(c, hc, j, in, 1, post[t * hc + j], y);
 }
 
 constexpr int kSiteChannels = 64;  // channels of a block's slice: hc_mult * 64 <= kThreads elements, one a thread
@@ -121,10 +126,8 @@ __global__ void __launch_bounds__(kThreads) mhc_site_kernel(MhcSiteArgs a) {
   if (active) {
     value = x[i * D + d];
     if (a.pending_post != nullptr) {
-      const float* comb = a.pending_comb + t * hc * hc;
-      float sum = 0.0f;
-      for (int64_t j = 0; j < hc; ++j) sum += comb[j * hc + i] * x[j * D + d];
-      value = a.pending_post[t * hc + i] * a.pending_block_out[t * D + d] + sum;
+      value = post_mixed(a.pending_comb + t * hc * hc, hc, i, x + d, D, a.pending_post[t * hc + i],
+                         a.pending_block_out[t * D + d]);
     }
   }
   if (a.pending_post != nullptr) {
