@@ -80,8 +80,9 @@ void DeviceExperts::forward(const float* x, int64_t num_tokens, int64_t top_k, c
   // Scratch: gate and up outputs [slots, 2, I] (interleaved when one launch computes both, else gate [slots, I]
   // then up), the activation [slots, I], down outputs [slots, hidden], then the k-split partials of the largest
   // projection for every matrix of a launch.
-  const size_t partial = std::max({exl3_scratch_floats(gate_shape_, gate_plan), exl3_scratch_floats(up_shape_, up_plan),
-                                   exl3_scratch_floats(down_.shape, down_plan)}) *
+  const size_t partial = std::max({exl3_slot_scratch_floats(gate_shape_, gate_plan),
+                                   exl3_slot_scratch_floats(up_shape_, up_plan),
+                                   exl3_slot_scratch_floats(down_.shape, down_plan)}) *
                          static_cast<size_t>(2 * slots);
   const auto n_i = static_cast<size_t>(slots * intermediate), n_d = static_cast<size_t>(slots * hidden);
   float* gate_up = scratch.floats(3 * n_i + n_d + partial);

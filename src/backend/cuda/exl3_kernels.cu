@@ -108,7 +108,7 @@ struct GemvParams {
   int64_t x_group;              // slot z reads input row z / x_group
   const float* x;
   float* y;
-  float* partial;      // per slot: [splits, kTokensPerPass, out_padded]
+  float* partial;      // per slot: [splits, num_tokens, out_padded]
   unsigned* counters;  // per slot: [out_padded / 128], zero between launches
   int64_t in_features, out_features, in_padded, out_padded;
   int64_t slice_tiles;
@@ -132,7 +132,7 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) trellis_gemv(GemvParams p
   const Exl3MatrixRef m = p.table ? p.table[p.ids[z / p.id_group] * p.table_stride + z % p.id_group] : p.matrix;
   const float* x = p.x + z / p.x_group * p.in_features;
   float* y = p.y + z * p.out_features;
-  float* partial = p.partial + z * p.splits * kTokensPerPass * p.out_padded;
+  float* partial = p.partial + z * p.splits * p.num_tokens * p.out_padded;
   unsigned* counters = p.counters + z * (p.out_padded / 128);
   const int64_t slice = blockIdx.y;
   const int64_t a_begin = slice * p.slice_tiles, a_end = min(tiles_k, a_begin + p.slice_tiles);
@@ -209,7 +209,7 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) trellis_gemv(GemvParams p
       const int64_t column = strip * 16 + lane / 4 + 8 * r;
       for (int c = 0; c < 2; ++c) {
         const int t = kTokensPerGroup * g + 2 * quad + c;
-        if (t < p.num_tokens) partial[(slice * kTokensPerPass + t) * p.out_padded + column] = acc[g][2 * r + c];
+        if (t < p.num_tokens) partial[(slice * p.num_tokens + t) * p.out_padded + column] = acc[g][2 * r + c];
       }
     }
   }
@@ -228,7 +228,7 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) trellis_gemv(GemvParams p
     const int64_t base = static_cast<int64_t>(blockIdx.x) * 128 + lane * 4;
     float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     for (int s = 0; s < p.splits; ++s) {
-      const float* row = partial + (s * kTokensPerPass + t) * p.out_padded + base;
+      const float* row = partial + (s * p.num_tokens + t) * p.out_padded + base;
       for (int j = 0; j < 4; ++j) v[j] += __ldcg(row + j);
     }
     hadamard128_warp(v);
@@ -330,6 +330,10 @@ Exl3Plan exl3_plan(const Exl3DeviceView& matrix, int sm_count) {
 
 size_t exl3_scratch_floats(const Exl3DeviceView& matrix, const Exl3Plan& plan) {
   return static_cast<size_t>(int64_t{plan.splits} * kTokensPerPass * matrix.out_padded);
+}
+
+size_t exl3_slot_scratch_floats(const Exl3DeviceView& matrix, const Exl3Plan& plan) {
+  return static_cast<size_t>(int64_t{plan.splits} * matrix.out_padded);
 }
 
 size_t exl3_counter_count(const Exl3DeviceView& matrix) { return static_cast<size_t>(matrix.out_padded / 128); }

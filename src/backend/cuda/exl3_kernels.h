@@ -40,6 +40,8 @@ Exl3Plan exl3_plan(const Exl3DeviceView& matrix, int sm_count);
 // Floats of scratch one exl3_linear call needs (the per-slice partial sums), and the number of unsigned counters it
 // synchronises its slices with: device memory, zero before the first call, left zero by every call.
 size_t exl3_scratch_floats(const Exl3DeviceView& matrix, const Exl3Plan& plan);
+// The same per slot of exl3_slot_linear (one token each).
+size_t exl3_slot_scratch_floats(const Exl3DeviceView& matrix, const Exl3Plan& plan);
 size_t exl3_counter_count(const Exl3DeviceView& matrix);
 // y[T, out_features] = x[T, in_features] W^T, all float32 device memory. Calls sharing `counters` must not overlap.
 cudaError_t exl3_linear(const Exl3DeviceView& matrix, const Exl3Plan& plan, const float* x, int64_t num_tokens,
@@ -58,7 +60,7 @@ struct Exl3SlotTable {
 // The routed-expert form, one launch for all slots (a slot is one token's use of one expert matrix): for s in
 // [0, slots), y[s, out_features] = x[s / x_group, in_features] W^T with W the table's matrix of slot s. All the
 // table's matrices have `shape`'s size, bits and codebook (its pointers are not used). Scratch and counters are per
-// slot: slots times exl3_scratch_floats / exl3_counter_count. At most 65535 slots.
+// slot: slots times exl3_slot_scratch_floats / exl3_counter_count. At most 65535 slots.
 cudaError_t exl3_slot_linear(const Exl3DeviceView& shape, const Exl3Plan& plan, const Exl3SlotTable& table,
                              int64_t slots, const float* x, int64_t x_group, float* y, float* scratch,
                              unsigned* counters, cudaStream_t stream);
