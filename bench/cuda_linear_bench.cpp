@@ -1,6 +1,6 @@
 // CUDA linear benchmark: the measured HBM copy bandwidth, then µs per call and the weight bandwidth achieved by the
 // EXL3 trellis GEMV and the dense bf16 GEMV at GLM-5.3-Flash's shapes, and by the fused MoE path over one layer's
-// 288 experts (top 8). Weights are random (any trellis bit pattern is a valid EXL3 matrix); the single-expert rows
+// 288 experts (top 8); the EXL3 k-slice sweep; cuBLASLt's bf16 throughput and the GEMV/GEMM crossover per shape. Weights are random (any trellis bit pattern is a valid EXL3 matrix); the single-expert rows
 // cycle through 64 distinct experts (about 800 MB at 4 bpw) and the MoE rows route each call to fresh random
 // experts, so that the 50 MB L2 cannot serve the reads. Usage: kestrel_cuda_bench [iterations] (default 200).
 //
@@ -28,6 +28,7 @@
 #include "backend/cuda/device_experts.h"
 #include "backend/cuda/device_linear.h"
 #include "backend/cuda/device_runtime.h"
+#include "backend/cuda/gemm.h"
 #include "base/error.h"
 #include "base/numeric.h"
 #include "formats/exl3_tensors.h"
@@ -167,6 +168,46 @@ void plan_sweep(int iterations, int sm_count, const std::vector<const DeviceLine
   std::printf("\n");
 }
 
+// GEMV against GEMM over token counts for matrices of one shape (cycled so that L2 cannot serve them): where
+// DeviceLinear::gemm_min_tokens should be.
+void gemm_sweep(int iterations, Gemm& gemm, const std::vector<const DeviceLinear*>& matrices, const char* label) {
+  const DeviceLinear& shape = *matrices.front();
+  std::printf("| %s: tokens | GEMV µs | GEMM µs | GEMM TFLOP/s | forward takes |\n|---|---|---|---|---|\n", label);
+  Scratch scratch;
+  for (const int64_t tokens : {16, 32, 48, 64, 96, 128, 256, 1024, 4096}) {
+    DeviceBuffer x(static_cast<size_t>(tokens * shape.in_features()) * 4);
+    DeviceBuffer y(static_cast<size_t>(tokens * shape.out_features()) * 4);
+    x.zero();
+    int next = 0;
+    const auto matrix = [&]() -> const DeviceLinear& { return *matrices[static_cast<size_t>(next++) % matrices.size()]; };
+    const int runs = std::max(2, iterations / static_cast<int>(std::max<int64_t>(1, tokens / 64)));
+    const double gemv = time_us(runs, [&] { matrix().forward(x.as<float>(), tokens, y.as<float>(), scratch, nullptr, nullptr); });
+    const double gemm_us = time_us(runs, [&] {
+      matrix().forward_as_gemm(x.as<float>(), tokens, y.as<float>(), scratch, gemm, nullptr);
+    });
+    const double flops = 2.0 * static_cast<double>(tokens * shape.in_features() * shape.out_features());
+    std::printf("| %lld | %.2f | %.2f | %.1f | %s |\n", static_cast<long long>(tokens), gemv, gemm_us,
+                flops / (gemm_us * 1e6), tokens >= shape.gemm_min_tokens() ? "GEMM" : "GEMV");
+  }
+  std::printf("\n");
+}
+
+// cuBLASLt's bf16 throughput on a large square product (bf16 inputs, float32 outputs, as the prefill linears run):
+// the yardstick prefill TFLOP/s is set against.
+void tensor_core_throughput(int iterations, Gemm& gemm) {
+  constexpr int64_t kSide = 8192;
+  DeviceBuffer a(static_cast<size_t>(kSide * kSide) * 2), b(static_cast<size_t>(kSide * kSide) * 2);
+  DeviceBuffer c(static_cast<size_t>(kSide * kSide) * 4);
+  a.zero();
+  b.zero();
+  const double us = time_us(std::max(2, iterations / 10), [&] {
+    gemm.run(GemmInput::bf16, a.data(), kSide, kSide, b.data(), GemmWeights::rows_are_outputs, kSide, c.as<float>(),
+             nullptr);
+  });
+  std::printf("bf16 tensor-core throughput (cuBLASLt, %lld^3, bf16 in, f32 out): %.1f TFLOP/s\n\n",
+              static_cast<long long>(kSide), 2.0 * std::pow(static_cast<double>(kSide), 3) / (us * 1e6));
+}
+
 void run(int iterations) {
   const DeviceInfo info = device_info(0);
   std::printf("device: %s, %d SMs, %.1f GiB\n", info.name.c_str(), info.sm_count,
@@ -208,18 +249,18 @@ void run(int iterations) {
     // One expert's three projections, a different expert each call (the decode access pattern).
     const double expert_us = time_us(iterations, [&] {
       const int e = next++ % kExperts;
-      gate_up[2 * e].forward(x.as<float>(), tokens, y.as<float>(), scratch, nullptr);
-      gate_up[2 * e + 1].forward(x.as<float>(), tokens, y.as<float>(), scratch, nullptr);
-      down[e].forward(x.as<float>(), tokens, y.as<float>(), scratch, nullptr);
+      gate_up[2 * e].forward(x.as<float>(), tokens, y.as<float>(), scratch, nullptr, nullptr);
+      gate_up[2 * e + 1].forward(x.as<float>(), tokens, y.as<float>(), scratch, nullptr, nullptr);
+      down[e].forward(x.as<float>(), tokens, y.as<float>(), scratch, nullptr, nullptr);
     });
     report("EXL3 4bpw expert (gate+up+down, 3 calls)", expert_us,
            gate_up[0].weight_bytes() * 2 + down[0].weight_bytes());
     const double down_us = time_us(iterations, [&] {
-      down[next++ % kExperts].forward(x.as<float>(), tokens, y.as<float>(), scratch, nullptr);
+      down[next++ % kExperts].forward(x.as<float>(), tokens, y.as<float>(), scratch, nullptr, nullptr);
     });
     report("EXL3 4bpw down_proj 2048->4096", down_us, down[0].weight_bytes());
     const double head_us = time_us(std::max(1, iterations / 10), [&] {
-      lm_head.forward(x.as<float>(), tokens, y.as<float>(), scratch, nullptr);
+      lm_head.forward(x.as<float>(), tokens, y.as<float>(), scratch, nullptr, nullptr);
     });
     report("bf16 lm_head 4096->154880", head_us, lm_head.weight_bytes());
   }
@@ -241,6 +282,27 @@ void run(int iterations) {
   plan_sweep(iterations, info.sm_count, gates, "EXL3 4bpw 4096->2048");
   plan_sweep(iterations, info.sm_count, downs, "EXL3 4bpw 2048->4096");
   plan_sweep(iterations, info.sm_count, wides, "EXL3 4bpw 4096->12288");
+
+  Gemm gemm;
+  require(gemm.available(), "cuBLASLt did not load (libcublasLt.so.13 on the library path?)");
+  tensor_core_throughput(iterations, gemm);
+  std::vector<DeviceLinear> dense;  // 4 x 100 MB
+  {
+    std::vector<uint16_t> bits(static_cast<size_t>(12288 * kHidden));
+    for (uint16_t& b : bits) b = f32_to_bf16(static_cast<float>(static_cast<int>(rng() % 2001) - 1000) * 1e-5f);
+    for (int copy = 0; copy < 4; ++copy) {
+      dense.push_back(DeviceLinear::upload(
+          LinearWeight{.name = "dense", .dtype = DType::bf16, .out_features = 12288, .in_features = kHidden,
+                       .data = reinterpret_cast<const std::byte*>(bits.data())},
+          info.sm_count));
+    }
+  }
+  std::vector<const DeviceLinear*> denses;
+  for (const DeviceLinear& linear : dense) denses.push_back(&linear);
+  gemm_sweep(iterations, gemm, denses, "bf16 4096->12288");
+  gemm_sweep(iterations, gemm, wides, "EXL3 4bpw 4096->12288");
+  gemm_sweep(iterations, gemm, gates, "EXL3 4bpw 4096->2048");
+  gemm_sweep(iterations, gemm, downs, "EXL3 4bpw 2048->4096");
 }
 
 // ---- Side-by-side with exllamav3 on the weights of one file (tools/bench_exllamav3.py) ----

@@ -4,8 +4,9 @@
 // ms per step). Alongside: the bytes one decoded token reads (the non-routed weights, top_k routed experts per MoE
 // layer, the cache rows the indexer scores and attention reads, the KDA state) and what that is per second at one
 // stream, against the backend's measured memory copy bandwidth. A decode step of S sequences is one batched forward
-// pass (Glm5NextModel::forward_batch), as the engine runs it. With --profile, each measurement is followed by a
-// profiled one: where a step's time goes, by part of the model.
+// pass (Glm5NextModel::forward_batch), as the engine runs it. --prefill-lengths times prefills of fresh sequences
+// (tokens/s, and TFLOP/s by prefill_flops' count, to set against the GPU's tensor-core throughput). With --profile,
+// each measurement is followed by a profiled one: where a step's (or prompt's) time goes, by part of the model.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -67,46 +68,74 @@ double matrix_bytes(const LinearWeight& w) {
   return bytes;
 }
 
-double mlp_bytes(const MlpWeights& w) {
-  return matrix_bytes(w.gate_proj) + matrix_bytes(w.up_proj) + matrix_bytes(w.down_proj);
-}
+// Weights in a matrix (the FLOPs of applying it to one token are twice that).
+double matrix_params(const LinearWeight& w) { return static_cast<double>(w.out_features * w.in_features); }
 
-// Weight bytes one decoded token reads: every non-routed matrix of the main layers and the head, and top_k routed
-// experts per MoE layer (the embedding contributes one row).
-double weight_bytes_per_token(const Glm5NextModel& model) {
+// A per-matrix measure summed over the matrices one token goes through in the main layers: every non-routed matrix
+// and top_k routed experts per MoE layer (not the embedding or the head).
+template <typename Measure>
+double layer_matrices(const Glm5NextModel& model, Measure&& measure) {
   const Glm5NextConfig& c = model.config();
-  const Glm5NextWeights& w = model.weights();
-  double bytes = matrix_bytes(w.lm_head) + matrix_bytes(w.embed_tokens) / static_cast<double>(c.vocab_size);
-  for (const LayerWeights& layer : w.layers) {
-    bytes += matrix_bytes(layer.attn_hc.fn) + matrix_bytes(layer.ffn_hc.fn);
+  double sum = 0.0;
+  const auto mlp = [&](const MlpWeights& w) { return measure(w.gate_proj) + measure(w.up_proj) + measure(w.down_proj); };
+  for (const LayerWeights& layer : model.weights().layers) {
+    sum += measure(layer.attn_hc.fn) + measure(layer.ffn_hc.fn);
     if (layer.type == LayerType::linear_attention) {
       const KdaWeights& k = layer.kda;
       for (const LinearWeight* m : {&k.q_proj, &k.k_proj, &k.v_proj, &k.f_a_proj, &k.f_b_proj, &k.b_proj, &k.g_a_proj,
                                     &k.g_b_proj, &k.o_proj}) {
-        bytes += matrix_bytes(*m);
+        sum += measure(*m);
       }
     } else {
       const MlaWeights& m = layer.mla;
-      for (const LinearWeight* x : {&m.q_a_proj, &m.q_b_proj, &m.kv_a_proj, &m.kv_b_proj, &m.o_proj}) {
-        bytes += matrix_bytes(*x);
-      }
+      for (const LinearWeight* x : {&m.q_a_proj, &m.q_b_proj, &m.kv_a_proj, &m.kv_b_proj, &m.o_proj}) sum += measure(*x);
       if (m.indexer) {
         for (const LinearWeight* x : {&m.indexer->wq_b, &m.indexer->wk, &m.indexer->weights_proj,
                                       &m.indexer->compress_gate}) {
-          bytes += matrix_bytes(*x);
+          sum += measure(*x);
         }
       }
     }
     if (layer.mlp_type == MlpType::dense) {
-      bytes += mlp_bytes(layer.dense);
+      sum += mlp(layer.dense);
     } else {
       const ExpertWeights& e = layer.moe.experts.front();
-      bytes += matrix_bytes(layer.moe.router) + mlp_bytes(layer.moe.shared) +
-               static_cast<double>(c.num_experts_per_tok) *
-                   (matrix_bytes(e.gate) + matrix_bytes(e.up) + matrix_bytes(e.down));
+      sum += measure(layer.moe.router) + mlp(layer.moe.shared) +
+             static_cast<double>(c.num_experts_per_tok) * (measure(e.gate) + measure(e.up) + measure(e.down));
     }
   }
-  return bytes;
+  return sum;
+}
+
+// Weight bytes one decoded token reads: the layers' matrices, the head, and one row of the embedding.
+double weight_bytes_per_token(const Glm5NextModel& model) {
+  const Glm5NextWeights& w = model.weights();
+  return layer_matrices(model, matrix_bytes) + matrix_bytes(w.lm_head) +
+         matrix_bytes(w.embed_tokens) / static_cast<double>(model.config().vocab_size);
+}
+
+// Positions a token at `position` attends to in a DSA layer: all before it up to the indexer's selection.
+int64_t attended_positions(const Glm5NextConfig& c, int64_t position) {
+  return std::min(position + 1, c.index_topk + c.index_kpool - 1);
+}
+
+// FLOPs of prefilling `length` tokens in chunks of `chunk`: per token twice the weights of the layers' matrices; per
+// DSA layer the indexer's scores over the pooled keys and attention's scores and weighted sum over the attended
+// latents, per head (the absorbed projections are kv_b_proj's weights, counted with the matrices); per KDA layer the
+// state's decay, S·k, rank-one update and S·q (7 D² per head); and the head once per chunk (logits for its last token).
+double prefill_flops(const Glm5NextModel& model, int64_t length, int64_t chunk) {
+  const Glm5NextConfig& c = model.config();
+  const double dsa_layers = static_cast<double>(c.num_sparse_attention_layers());
+  const double kda_layers = static_cast<double>(c.num_linear_attention_layers());
+  double flops = 2.0 * layer_matrices(model, matrix_params) * static_cast<double>(length);
+  for (int64_t p = 0; p < length; ++p) {
+    const double indexer = static_cast<double>((p + 1) / c.index_kpool * c.index_n_heads * c.index_head_dim);
+    const double attention = static_cast<double>(attended_positions(c, p) * c.num_attention_heads * c.kv_lora_rank);
+    flops += dsa_layers * 2.0 * (indexer + 2.0 * attention);
+  }
+  flops += kda_layers * 7.0 * static_cast<double>(c.linear_head_dim * c.linear_head_dim * c.linear_num_heads * length);
+  flops += 2.0 * matrix_params(model.weights().lm_head) * static_cast<double>((length + chunk - 1) / chunk);
+  return flops;
 }
 
 // Cache and state bytes one decoded token reads at `context` tokens: per DSA layer the pooled keys the indexer
@@ -114,22 +143,48 @@ double weight_bytes_per_token(const Glm5NextModel& model) {
 double cache_bytes_per_token(const Glm5NextConfig& c, int64_t context) {
   const double dsa_layers = static_cast<double>(
       std::count(c.layer_types.begin(), c.layer_types.end(), LayerType::sparse_attention));
-  const int64_t attended = std::min(context, c.index_topk + c.index_kpool - 1);
+  const int64_t attended = attended_positions(c, context - 1);
   const double per_layer = static_cast<double>((context / c.index_kpool) * c.index_head_dim + attended * c.kv_lora_rank);
   return 4.0 * (dsa_layers * per_layer + 2.0 * static_cast<double>(SequenceState::kda_state_size(c)));
 }
 
-// A decode profile as ms per step by part, largest first, with each part's share of the profiled total.
-void print_profile(const ForwardProfile& profile, int64_t steps) {
+// A profile as ms per `unit` (a decode step, a prompt) by part, largest first, with each part's share of the
+// profiled total.
+void print_profile(const ForwardProfile& profile, int64_t units, const char* unit) {
   std::vector<ForwardProfile::Part> parts = profile.parts;
   std::sort(parts.begin(), parts.end(), [](const auto& a, const auto& b) { return a.seconds > b.seconds; });
-  const double total = profile.total_seconds();
-  std::printf("    profile (synchronised parts): %.3f ms per step\n", total * 1e3 / static_cast<double>(steps));
+  const double total = profile.total_seconds(), n = static_cast<double>(units);
+  std::printf("    profile (synchronised parts): %.3f ms per %s\n", total * 1e3 / n, unit);
   for (const ForwardProfile::Part& part : parts) {
-    std::printf("    %-32s %8.3f ms per step %5.1f %%  (runs %lld times a step)\n", part.name.c_str(),
-                part.seconds * 1e3 / static_cast<double>(steps), 100.0 * part.seconds / total,
-                static_cast<long long>(part.count / steps));
+    std::printf("    %-32s %8.3f ms per %s %5.1f %%  (runs %lld times a %s)\n", part.name.c_str(),
+                part.seconds * 1e3 / n, unit, 100.0 * part.seconds / total,
+                static_cast<long long>(part.count / units), unit);
   }
+}
+
+std::vector<int32_t> random_prompt(const Glm5NextConfig& c, int64_t length, std::mt19937& rng) {
+  std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(c.vocab_size - 1));
+  std::vector<int32_t> prompt(static_cast<size_t>(length));
+  for (int32_t& id : prompt) id = token(rng);
+  return prompt;
+}
+
+// Prefills `sequence` with `prompt` in chunks (logits for each chunk's last token only); returns the seconds it took.
+double prefill(Glm5NextModel& model, SequenceState& sequence, std::span<const int32_t> prompt, int64_t chunk,
+               ForwardProfile* profile = nullptr) {
+  const auto start = std::chrono::steady_clock::now();
+  for (size_t begin = 0; begin < prompt.size(); begin += static_cast<size_t>(chunk)) {
+    const size_t n = std::min(prompt.size() - begin, static_cast<size_t>(chunk));
+    (void)model.forward(sequence, prompt.subspan(begin, n), {.all_logits = false, .profile = profile});
+  }
+  return seconds_since(start);
+}
+
+// A prefill of a fresh sequence with a random prompt of `length` tokens.
+double prefill_new(Glm5NextModel& model, int64_t length, int64_t chunk, std::mt19937& rng,
+                   ForwardProfile* profile = nullptr) {
+  const std::vector<int32_t> prompt = random_prompt(model.config(), length, rng);
+  return prefill(model, *model.new_sequence(), prompt, chunk, profile);
 }
 
 }  // namespace
@@ -137,7 +192,7 @@ void print_profile(const ForwardProfile& profile, int64_t steps) {
 Action add_bench_command(CLI::App& app) {
   struct Options {
     std::string model, device = "auto";
-    std::vector<int64_t> contexts{1024}, sequences{1, 4};
+    std::vector<int64_t> contexts{1024}, sequences{1, 4}, prefill_lengths;
     int64_t steps = 32, chunk = 2048;
     uint32_t seed = 1;
     bool profile = false;
@@ -152,6 +207,10 @@ Action add_bench_command(CLI::App& app) {
   cmd->add_option("--sequences", o->sequences, "Concurrent sequences to decode, comma-separated")
       ->delimiter(',')
       ->capture_default_str();
+  cmd->add_option("--prefill-lengths", o->prefill_lengths,
+                 "Prompt lengths to time a prefill of (one new sequence each, after one untimed prefill of the "
+                 "first), comma-separated; none by default")
+      ->delimiter(',');
   cmd->add_option("--steps", o->steps, "Decode steps per measurement")->capture_default_str();
   cmd->add_option("--prefill-chunk", o->chunk, "Tokens per prefill forward call")->capture_default_str();
   cmd->add_option("--seed", o->seed, "Seed of the random tokens")->capture_default_str();
@@ -164,6 +223,8 @@ Action add_bench_command(CLI::App& app) {
     require(o->chunk >= 1, "--prefill-chunk must be at least 1");
     require(!o->contexts.empty() && std::all_of(o->contexts.begin(), o->contexts.end(), [](int64_t n) { return n >= 1; }),
             "--contexts must be positive");
+    require(std::all_of(o->prefill_lengths.begin(), o->prefill_lengths.end(), [](int64_t n) { return n >= 1; }),
+            "--prefill-lengths must be positive");
     require(!o->sequences.empty() &&
                 std::all_of(o->sequences.begin(), o->sequences.end(), [](int64_t n) { return n >= 1 && n <= 1024; }),
             "--sequences must be in [1, 1024]");
@@ -178,20 +239,28 @@ Action add_bench_command(CLI::App& app) {
                 std::string(backend->name()).c_str(), bandwidth / 1e9);
     std::printf("model %s on %s: %.2f MB of weights read per decoded token\n", o->model.c_str(),
                 std::string(backend->name()).c_str(), weights / 1e6);
+    if (!o->prefill_lengths.empty()) (void)prefill_new(*model, o->prefill_lengths.front(), o->chunk, rng);
+    for (const int64_t length : o->prefill_lengths) {
+      const double seconds = prefill_new(*model, length, o->chunk, rng);
+      const double flops = prefill_flops(*model, length, o->chunk);
+      std::printf("prefill of %lld tokens (chunks of %lld): %.1f tokens/s, %.3f s, %.2f TFLOP/s (%.2f GFLOP per "
+                  "token)\n",
+                  static_cast<long long>(length), static_cast<long long>(o->chunk),
+                  static_cast<double>(length) / seconds, seconds, flops / seconds / 1e12,
+                  flops / static_cast<double>(length) / 1e9);
+      if (o->profile) {
+        ForwardProfile profile;
+        (void)prefill_new(*model, length, o->chunk, rng, &profile);
+        print_profile(profile, 1, "prompt");
+      }
+    }
     const int64_t most = *std::max_element(o->sequences.begin(), o->sequences.end());
     for (const int64_t context : o->contexts) {
       std::vector<std::unique_ptr<SequenceState>> sequences;
       double prefill_seconds = 0.0;
       for (int64_t s = 0; s < most; ++s) {
         sequences.push_back(model->new_sequence());
-        std::vector<int32_t> prompt(static_cast<size_t>(context));
-        for (int32_t& id : prompt) id = token(rng);
-        const auto start = std::chrono::steady_clock::now();
-        for (size_t begin = 0; begin < prompt.size(); begin += static_cast<size_t>(o->chunk)) {
-          const size_t n = std::min(prompt.size() - begin, static_cast<size_t>(o->chunk));
-          (void)model->forward(*sequences.back(), std::span(prompt).subspan(begin, n), {.all_logits = false});
-        }
-        prefill_seconds += seconds_since(start);
+        prefill_seconds += prefill(*model, *sequences.back(), random_prompt(c, context, rng), o->chunk);
       }
       const double cache = cache_bytes_per_token(c, context);
       std::printf("context %lld: prefill %.1f tokens/s (%lld sequences of %lld tokens, chunks of %lld); cache and "
@@ -230,7 +299,7 @@ Action add_bench_command(CLI::App& app) {
         if (o->profile) {
           ForwardProfile profile;
           decode(&profile);
-          print_profile(profile, o->steps);
+          print_profile(profile, o->steps, "step");
         }
       }
     }

@@ -1,6 +1,6 @@
 // CUDA linears against the CPU backend: the EXL3 tensor-core GEMV for every codebook and bitrate, shapes that need
 // padding on both dims, and token counts that fill and cross the 16-token pass; the dense GEMV for f32/f16/bf16 and
-// block-fp8 weights. Without a GPU, only the error paths run (a device allocation must fail with a clear Error, not crash).
+// block-fp8 weights; the prefill-sized GEMM path (cuBLASLt) for bf16 and EXL3 weights. Without a GPU, only the error paths run (a device allocation must fail with a clear Error, not crash).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -14,6 +14,7 @@
 #include "base/numeric.h"
 #include "cuda_test_util.h"
 #include "exl3_random_matrix.h"
+#include "formats/exl3_codec.h"
 
 namespace kestrel::cuda {
 namespace {
@@ -23,13 +24,15 @@ using kestrel::testing::random_exl3_matrix;
 using kestrel::testing::RandomExl3Matrix;
 using namespace kestrel::cuda::testing;
 
-// Runs `weight` on the GPU for x [T, in] and returns y [T, out].
-std::vector<float> gpu_linear(const LinearWeight& weight, const std::vector<float>& x, int64_t tokens) {
+// Runs `weight` on the GPU for x [T, in] and returns y [T, out]; with `gemm`, token counts from the matrix's
+// gemm_min_tokens() on take the GEMM path.
+std::vector<float> gpu_linear(const LinearWeight& weight, const std::vector<float>& x, int64_t tokens,
+                              Gemm* gemm = nullptr) {
   const DeviceLinear linear = DeviceLinear::upload(weight, device_info(0).sm_count);
   const DeviceBuffer x_dev = testing::to_device(x);
   DeviceBuffer y_dev(static_cast<size_t>(tokens * weight.out_features) * sizeof(float));
   Scratch scratch;
-  linear.forward(x_dev.as<float>(), tokens, y_dev.as<float>(), scratch, nullptr);
+  linear.forward(x_dev.as<float>(), tokens, y_dev.as<float>(), scratch, gemm, nullptr);
   return testing::to_host(y_dev);
 }
 
@@ -99,6 +102,69 @@ TEST(CudaLinearTest, Exl3WideMatrixWithLongSlicesMatchesCpu) {
     EXPECT_LT(relative_difference(gpu_linear(m.weight(), x, tokens), cpu_linear(m.weight(), x, tokens)),
               kExl3Tolerance)
         << "tokens " << tokens;
+  }
+}
+
+TEST(CudaLinearTest, Exl3DecodedOnTheGpuIsBitExactWithTheCpuDecoder) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  uint32_t seed = 40;
+  for (const Codebook codebook : {Codebook::inst3, Codebook::mcg, Codebook::mul1}) {
+    for (int bits = exl3::kMinBits; bits <= exl3::kMaxBits; ++bits) {
+      const RandomExl3Matrix m = random_exl3_matrix(300, 200, bits, codebook, ++seed);
+      std::vector<uint16_t> expected(static_cast<size_t>(m.in_padded * m.out_padded));
+      exl3::decode_rotated(m.trellis.data(), m.in_padded, m.out_padded, bits, codebook, expected.data());
+      const DeviceLinear linear = DeviceLinear::upload(m.weight(), device_info(0).sm_count);
+      DeviceBuffer decoded(expected.size() * sizeof(uint16_t));
+      check(exl3_decode_rotated(*linear.exl3(), decoded.as<uint16_t>(), nullptr), "decode");
+      std::vector<uint16_t> got(expected.size());
+      decoded.download(got.data(), got.size() * sizeof(uint16_t));
+      EXPECT_EQ(got, expected) << exl3::codebook_name(codebook) << " bits " << bits;
+    }
+  }
+}
+
+TEST(CudaLinearTest, Exl3GemmPathMatchesCpuForEveryCodebookAndBitrate) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  Gemm gemm;
+  ASSERT_TRUE(gemm.available()) << "cuBLASLt did not load on a GPU machine";
+  uint32_t seed = 60;
+  for (const Codebook codebook : {Codebook::inst3, Codebook::mcg, Codebook::mul1}) {
+    for (int bits = exl3::kMinBits; bits <= exl3::kMaxBits; ++bits) {
+      const RandomExl3Matrix m = random_exl3_matrix(300, 200, bits, codebook, ++seed);
+      const LinearWeight weight = m.weight();
+      for (const int64_t tokens : {64, 97}) {
+        const std::vector<float> x = random_values(static_cast<size_t>(tokens * 200), seed + 100);
+        EXPECT_LT(relative_difference(gpu_linear(weight, x, tokens, &gemm), cpu_linear(weight, x, tokens)),
+                  kExl3Tolerance)
+            << exl3::codebook_name(codebook) << " bits " << bits << " tokens " << tokens;
+      }
+    }
+  }
+  // GLM-5.3-Flash's expert down_proj, 4 bpw MCG, at a prefill chunk's worth of tokens.
+  const RandomExl3Matrix m = random_exl3_matrix(4096, 2048, 4, Codebook::mcg, 99);
+  const std::vector<float> x = random_values(300 * 2048, 5);
+  EXPECT_LT(relative_difference(gpu_linear(m.weight(), x, 300, &gemm), cpu_linear(m.weight(), x, 300)),
+            kExl3Tolerance);
+}
+
+TEST(CudaLinearTest, Bf16GemmPathMatchesCpu) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  Gemm gemm;
+  ASSERT_TRUE(gemm.available()) << "cuBLASLt did not load on a GPU machine";
+  for (const int64_t in : {512, 4096}) {
+    for (const int64_t out : {77, 1000}) {
+      std::vector<uint16_t> bf16(static_cast<size_t>(out * in));
+      const std::vector<float> w = random_values(bf16.size(), 3);
+      for (size_t i = 0; i < w.size(); ++i) bf16[i] = f32_to_bf16(w[i]);
+      const LinearWeight weight{.name = "dense", .dtype = DType::bf16, .out_features = out, .in_features = in,
+                                .data = reinterpret_cast<const std::byte*>(bf16.data())};
+      for (const int64_t tokens : {32, 33, 250}) {
+        const std::vector<float> x = random_values(static_cast<size_t>(tokens * in), 11);
+        EXPECT_LT(relative_difference(gpu_linear(weight, x, tokens, &gemm), cpu_linear(weight, x, tokens)),
+                  kDenseTolerance)
+            << "in " << in << " out " << out << " tokens " << tokens;
+      }
+    }
   }
 }
 

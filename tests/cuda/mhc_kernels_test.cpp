@@ -55,7 +55,7 @@ TEST(CudaMhcTest, PreAndPostMatchCpu) {
         collapsed_dev(collapsed.size() * sizeof(float));
     check(rms_norm(streams_dev.as<float>(), c.tokens, width, nullptr, shape.rms_eps, flat.as<float>(), nullptr),
           "rms_norm");
-    fn_dev.forward(flat.as<float>(), c.tokens, mixes.as<float>(), scratch, nullptr);
+    fn_dev.forward(flat.as<float>(), c.tokens, mixes.as<float>(), scratch, nullptr, nullptr);
     check(mhc_mix(MhcMixArgs{.num_tokens = c.tokens, .hc_mult = c.hc, .hidden = c.hidden, .hc_eps = shape.hc_eps,
                              .sinkhorn_iters = shape.sinkhorn_iters, .mixes = mixes.as<float>(),
                              .base = base_dev.as<float>(), .scale = scale_dev.as<float>(),

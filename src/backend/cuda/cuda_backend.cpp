@@ -181,7 +181,7 @@ const DeviceLinear& CudaBackend::placed_linear(const LinearWeight& weight) const
 }
 
 void CudaBackend::linear(const float* x, int64_t num_tokens, const LinearWeight& weight, float* y) {
-  placed_linear(weight).forward(x, num_tokens, y, linear_scratch_, stream_);
+  placed_linear(weight).forward(x, num_tokens, y, linear_scratch_, &gemm_, stream_);
 }
 
 void CudaBackend::embed(const int32_t* ids, int64_t num_tokens, const LinearWeight& table, float* out) {
@@ -413,10 +413,10 @@ void CudaBackend::moe_by_expert(const MoeArgs& a, const std::vector<DeviceLinear
     const auto n = static_cast<int64_t>(slots_of[static_cast<size_t>(e)].size());
     if (n == 0) continue;
     check(gather_rows(a.x, DenseWeightType::f32, D, tokens + offset, n, xs, stream_), "expert input gather");
-    linears[static_cast<size_t>(3 * e)].forward(xs, n, gate, linear_scratch_, stream_);
-    linears[static_cast<size_t>(3 * e + 1)].forward(xs, n, up, linear_scratch_, stream_);
+    linears[static_cast<size_t>(3 * e)].forward(xs, n, gate, linear_scratch_, &gemm_, stream_);
+    linears[static_cast<size_t>(3 * e + 1)].forward(xs, n, up, linear_scratch_, &gemm_, stream_);
     check(cuda::clamped_swiglu(gate, up, n * I, a.swiglu_limit, gate, stream_), "expert activation launch");
-    linears[static_cast<size_t>(3 * e + 2)].forward(gate, n, ys, linear_scratch_, stream_);
+    linears[static_cast<size_t>(3 * e + 2)].forward(gate, n, ys, linear_scratch_, &gemm_, stream_);
     check(scatter_rows(ys, slot_rows + offset, n, D, slot_out, stream_), "expert output scatter");
     offset += n;
   }

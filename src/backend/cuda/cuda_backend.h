@@ -96,6 +96,7 @@ private:
   Scratch linear_scratch_, moe_scratch_, scratch_a_, scratch_b_;
   DeviceBuffer int_scratch_;  // the by-expert MoE path's token and slot lists
   PinnedBuffer read_back_;    // what read_back returns (the logits each step)
+  Gemm gemm_;                 // prefill-sized linears on the tensor cores (cuBLASLt, when it loads)
   DeviceBuffer site_counters_;  // the fused mHC site's per-token counters, zero between launches
   // Matrices placed once per checkpoint tensor (a tied head is the embedding's copy).
   std::map<const std::byte*, std::weak_ptr<const PlacedWeight>> placed_by_data_;

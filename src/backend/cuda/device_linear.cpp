@@ -1,10 +1,27 @@
 #include "backend/cuda/device_linear.h"
 
+#include <limits>
 #include <vector>
 
+#include "backend/cuda/elementwise_kernels.h"
 #include "base/error.h"
 
 namespace kestrel::cuda {
+
+namespace {
+
+// Where the GEMM overtakes the GEMV (H100 sweep, docs/benchmarks/cuda_linear.md): a bf16 pass reads the weights once
+// per 8 tokens, an EXL3 pass decodes the trellis once per 16, and the EXL3 GEMM also writes and reads Ŵ in fp16.
+constexpr int64_t kDenseGemmMinTokens = 32;
+constexpr int64_t kExl3GemmMinTokens = 48;
+// The EXL3 GEMM decodes the whole Ŵ into scratch: a matrix whose fp16 copy is larger (an EXL3 lm_head: 1.3 GB)
+// stays on the GEMV, so that no token count grows the scratch past what the memory plan leaves.
+constexpr int64_t kExl3GemmMaxDecodedBytes = int64_t{256} << 20;
+
+// Bytes rounded up to a whole number of 256-byte units (scratch regions carved from one buffer stay aligned).
+size_t aligned_floats(size_t bytes) { return (bytes + 255) / 256 * 64; }
+
+}  // namespace
 
 float* Scratch::floats(size_t count) {
   if (buffer_.size() < count * sizeof(float)) {
@@ -72,9 +89,20 @@ DeviceLinear DeviceLinear::upload(const LinearWeight& weight, int sm_count) {
   return linear;
 }
 
-void DeviceLinear::forward(const float* x, int64_t num_tokens, float* y, Scratch& scratch, cudaStream_t stream) const {
-  require(num_tokens <= 65535, "CUDA linear '{}': {} tokens in one call (at most 65535)", name_, num_tokens);
+int64_t DeviceLinear::gemm_min_tokens() const {
   if (exl3_) {
+    return view_.in_padded * view_.out_padded * 2 <= kExl3GemmMaxDecodedBytes ? kExl3GemmMinTokens
+                                                                               : std::numeric_limits<int64_t>::max();
+  }
+  return dense_type_ == DenseWeightType::bf16 ? kDenseGemmMinTokens : std::numeric_limits<int64_t>::max();
+}
+
+void DeviceLinear::forward(const float* x, int64_t num_tokens, float* y, Scratch& scratch, Gemm* gemm,
+                           cudaStream_t stream) const {
+  require(num_tokens <= 65535, "CUDA linear '{}': {} tokens in one call (at most 65535)", name_, num_tokens);
+  if (gemm != nullptr && gemm->available() && num_tokens >= gemm_min_tokens()) {
+    forward_as_gemm(x, num_tokens, y, scratch, *gemm, stream);
+  } else if (exl3_) {
     float* partial = scratch.floats(exl3_scratch_floats(view_, plan_));
     check(exl3_linear(view_, plan_, x, num_tokens, y, partial, counters_.as<unsigned>(), stream),
           "EXL3 linear launch");
@@ -87,6 +115,38 @@ void DeviceLinear::forward(const float* x, int64_t num_tokens, float* y, Scratch
     check(dense_linear(data_.data(), dense_type_, out_features_, in_features_, x, num_tokens, y, stream, scales,
                        partial),
           "dense linear launch");
+  }
+}
+
+void DeviceLinear::forward_as_gemm(const float* x, int64_t num_tokens, float* y, Scratch& scratch, Gemm& gemm,
+                                   cudaStream_t stream) const {
+  require(exl3_ || dense_type_ == DenseWeightType::bf16, "'{}': no GEMM path for {} weights", name_,
+          dense_type_ == DenseWeightType::f8_e4m3 ? "fp8" : "f32/f16");
+  if (exl3_) {
+    // Scratch: Ŵ fp16 [in_padded, out_padded], rotated inputs fp16 [T, in_padded], rotated outputs [T, out_padded].
+    const auto T = static_cast<size_t>(num_tokens), k = static_cast<size_t>(view_.in_padded),
+               n = static_cast<size_t>(view_.out_padded);
+    const size_t w_floats = aligned_floats(k * n * 2), x_floats = aligned_floats(T * k * 2);
+    float* base = scratch.floats(w_floats + x_floats + T * n);
+    auto* w = reinterpret_cast<uint16_t*>(base);
+    auto* xr = reinterpret_cast<uint16_t*>(base + w_floats);
+    float* yr = base + w_floats + x_floats;
+    check(exl3_decode_rotated(view_, w, stream), "EXL3 decode launch");
+    check(exl3_rotate_inputs(view_, x, num_tokens, xr, stream), "EXL3 input rotation launch");
+    gemm.run(GemmInput::f16, xr, num_tokens, view_.in_padded, w, GemmWeights::rows_are_inputs, view_.out_padded, yr,
+             stream);
+    check(exl3_rotate_outputs(view_, yr, num_tokens, y, stream), "EXL3 output rotation launch");
+  } else {
+    // x = high + low in bf16: two products into y, the weights read twice (the tensor-core GEMV splits x the same
+    // way), so that the result matches float32 activations to within the float32 sum's rounding.
+    const size_t plane = aligned_floats(static_cast<size_t>(num_tokens * in_features_) * 2);
+    auto* high = reinterpret_cast<uint16_t*>(scratch.floats(2 * plane));
+    auto* low = reinterpret_cast<uint16_t*>(reinterpret_cast<float*>(high) + plane);
+    check(split_bf16(x, num_tokens * in_features_, high, low, stream), "bf16 split launch");
+    gemm.run(GemmInput::bf16, high, num_tokens, in_features_, data_.data(), GemmWeights::rows_are_outputs,
+             out_features_, y, stream);
+    gemm.run(GemmInput::bf16, low, num_tokens, in_features_, data_.data(), GemmWeights::rows_are_outputs,
+             out_features_, y, stream, /*accumulate=*/true);
   }
 }
 

@@ -1,6 +1,7 @@
-// A checkpoint matrix (LinearWeight) copied to GPU memory in its on-disk format, with the kernel that applies it:
+// A checkpoint matrix (LinearWeight) copied to GPU memory in its on-disk format, with the kernels that apply it:
 // the EXL3 trellis GEMV for EXL3 matrices, the dense GEMV for f32/f16/bf16 and block-fp8 (its scale grid kept as
-// float32).
+// float32); for prefill-sized token counts, a tensor-core GEMM (gemm.h) for bf16 and EXL3 matrices (EXL3 decoded to
+// fp16 for the call), which reads the weights once where the GEMV would read them once per pass of 8 or 16 tokens.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -11,6 +12,7 @@
 #include "backend/cuda/device_runtime.h"
 #include "backend/cuda/dense_kernels.h"
 #include "backend/cuda/exl3_kernels.h"
+#include "backend/cuda/gemm.h"
 #include "backend/linear_weight.h"
 
 namespace kestrel::cuda {
@@ -29,8 +31,16 @@ public:
   // Copies `weight` to the current device; `sm_count` sizes the EXL3 k-split.
   static DeviceLinear upload(const LinearWeight& weight, int sm_count);
 
-  // y[T, out_features] = x[T, in_features] W^T; x and y are float32 device memory.
-  void forward(const float* x, int64_t num_tokens, float* y, Scratch& scratch, cudaStream_t stream) const;
+  // y[T, out_features] = x[T, in_features] W^T; x and y are float32 device memory. With a usable `gemm`, token
+  // counts from gemm_min_tokens() on run as a GEMM; without one, every count runs on the GEMV kernels.
+  void forward(const float* x, int64_t num_tokens, float* y, Scratch& scratch, Gemm* gemm, cudaStream_t stream) const;
+  // The fewest tokens this matrix runs as a GEMM (INT64_MAX: never, for formats without a GEMM path and EXL3
+  // matrices too large to decode into scratch).
+  int64_t gemm_min_tokens() const;
+  // The GEMM path at any token count (bf16 and EXL3 matrices; `gemm` must be available): what forward runs from
+  // gemm_min_tokens() on, callable below it to find where that should be.
+  void forward_as_gemm(const float* x, int64_t num_tokens, float* y, Scratch& scratch, Gemm& gemm,
+                       cudaStream_t stream) const;
   // out[T, in_features] = rows ids[T] of W (the embedding lookup); ids are device memory, validated by the caller.
   // Dense weights only: an EXL3 table is refused.
   void gather_rows(const int32_t* ids, int64_t num_tokens, float* out, cudaStream_t stream) const;

@@ -407,6 +407,133 @@ __global__ void __launch_bounds__(kThreads) sparse_mla_kernel(SparseMlaDeviceArg
   project_values(a, t, h, q_latent, 0, static_cast<int>(a.v_head_dim));
 }
 
+// Calls of one part per pair (prefill-sized): a block per (token, kHeadsPerBlock heads), two heads per warp, so that
+// each staged latent row serves 16 heads (the per-pair kernel staged a token's rows once per head, 64 times over at
+// GLM-5.3-Flash's size) and each shared-memory load of a row serves two heads' multiply-adds. Lane l holds ranks
+// l + 32j of its heads' q̂ and output accumulators in registers; the online softmax is sparse_mla_kernel's, step for
+// step (scores scaled after the dot, the accumulator rescaled, then the chunk's rows added in order).
+constexpr int kHeadsPerWarp = 2;
+constexpr int kHeadsPerBlock = kHeadsPerWarp * kWarps;
+constexpr int kRowChunk = 32;  // one position per lane in the softmax step
+
+template <int RankPerLane>
+__global__ void __launch_bounds__(kThreads) sparse_mla_heads_kernel(SparseMlaDeviceArgs a) {
+  constexpr int kRank = 32 * RankPerLane;
+  extern __shared__ float4 shared_vectors[];
+  float* rows = reinterpret_cast<float*>(shared_vectors);  // [kRowChunk, kRank]
+  const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
+  const int64_t t = blockIdx.x;
+  const int qk = static_cast<int>(a.qk_head_dim), vd = static_cast<int>(a.v_head_dim);
+  int64_t head[kHeadsPerWarp];
+  bool live[kHeadsPerWarp];
+  float q_latent[kHeadsPerWarp][RankPerLane] = {}, acc[kHeadsPerWarp][RankPerLane] = {};
+  float running_max[kHeadsPerWarp], running_total[kHeadsPerWarp];
+#pragma unroll
+  for (int k = 0; k < kHeadsPerWarp; ++k) {
+    head[k] = static_cast<int64_t>(blockIdx.y) * kHeadsPerBlock + warp * kHeadsPerWarp + k;
+    live[k] = head[k] < a.num_heads;
+    running_max[k] = -INFINITY;
+    running_total[k] = 0.0f;
+    if (!live[k]) continue;  // a missing head keeps q̂ = 0 and is never written
+    const float* q = a.query + (t * a.num_heads + head[k]) * qk;
+    const float* w_uk = a.w_uk + head[k] * qk * kRank;
+    for (int d = 0; d < qk; ++d) {
+      const float qd = q[d];
+#pragma unroll
+      for (int j = 0; j < RankPerLane; ++j) q_latent[k][j] += qd * w_uk[d * kRank + lane + 32 * j];
+    }
+  }
+
+  const int count = a.counts[t];
+  const int32_t* positions = a.positions + t * a.positions_stride;
+  for (int first = 0; first < count; first += kRowChunk) {
+    const int n = min(kRowChunk, count - first);
+    __syncthreads();  // the previous chunk's rows are consumed
+    for (int i = tid; i < n * (kRank / 4); i += kThreads) {
+      const int row = i / (kRank / 4), column = i % (kRank / 4);
+      reinterpret_cast<float4*>(rows)[i] =
+          reinterpret_cast<const float4*>(paged_row(a.latents, positions[first + row]))[column];
+    }
+    __syncthreads();
+    float score[kHeadsPerWarp] = {-INFINITY, -INFINITY};  // lane i: position first + i
+    for (int i = 0; i < n; ++i) {
+      float dot[kHeadsPerWarp] = {};
+#pragma unroll
+      for (int j = 0; j < RankPerLane; ++j) {
+        const float r = rows[i * kRank + lane + 32 * j];
+#pragma unroll
+        for (int k = 0; k < kHeadsPerWarp; ++k) dot[k] += q_latent[k][j] * r;
+      }
+#pragma unroll
+      for (int k = 0; k < kHeadsPerWarp; ++k) {
+        const float sum = warp_sum(dot[k]);
+        if (lane == i) score[k] = sum * a.scale;
+      }
+    }
+    float prob[kHeadsPerWarp];
+#pragma unroll
+    for (int k = 0; k < kHeadsPerWarp; ++k) {
+      float step_max = score[k];
+      for (int offset = 16; offset > 0; offset >>= 1) {
+        step_max = fmaxf(step_max, __shfl_xor_sync(0xFFFFFFFFu, step_max, offset));
+      }
+      const float new_max = fmaxf(running_max[k], step_max);
+      prob[k] = lane < n ? expf(score[k] - new_max) : 0.0f;
+      const float rescale = expf(running_max[k] - new_max);  // 0 on the first chunk
+      running_total[k] = running_total[k] * rescale + warp_sum(prob[k]);
+      running_max[k] = new_max;
+#pragma unroll
+      for (int j = 0; j < RankPerLane; ++j) acc[k][j] *= rescale;
+    }
+    for (int i = 0; i < n; ++i) {
+      float p[kHeadsPerWarp];
+#pragma unroll
+      for (int k = 0; k < kHeadsPerWarp; ++k) p[k] = __shfl_sync(0xFFFFFFFFu, prob[k], i);
+#pragma unroll
+      for (int j = 0; j < RankPerLane; ++j) {
+        const float r = rows[i * kRank + lane + 32 * j];
+#pragma unroll
+        for (int k = 0; k < kHeadsPerWarp; ++k) acc[k][j] += p[k] * r;
+      }
+    }
+  }
+
+#pragma unroll
+  for (int k = 0; k < kHeadsPerWarp; ++k) {
+    if (!live[k]) continue;
+    float o_latent[RankPerLane];
+#pragma unroll
+    for (int j = 0; j < RankPerLane; ++j) o_latent[j] = running_total[k] > 0.0f ? acc[k][j] / running_total[k] : 0.0f;
+    const float* w_uv = a.w_uv + head[k] * vd * kRank;
+    float* out = a.out + (t * a.num_heads + head[k]) * vd;
+    for (int v = 0; v < vd; ++v) {
+      float sum = 0.0f;
+#pragma unroll
+      for (int j = 0; j < RankPerLane; ++j) sum += w_uv[v * kRank + lane + 32 * j] * o_latent[j];
+      sum = warp_sum(sum);
+      if (lane == 0) out[v] = sum;
+    }
+  }
+}
+
+// Launches sparse_mla_heads_kernel for a rank it is compiled for (32 × 1, 2, 4, 8 or 16); false for another.
+template <int RankPerLane = 16>
+bool launch_heads_kernel(const SparseMlaDeviceArgs& a, cudaStream_t stream, cudaError_t& status) {
+  if constexpr (RankPerLane == 0) {
+    return false;
+  } else {
+    if (a.kv_lora_rank != 32 * RankPerLane) return launch_heads_kernel<RankPerLane / 2>(a, stream, status);
+    const size_t shared = static_cast<size_t>(kRowChunk) * 32 * RankPerLane * sizeof(float);
+    status = allow_shared(sparse_mla_heads_kernel<RankPerLane>, shared);
+    if (status != cudaSuccess) return true;
+    const dim3 grid(static_cast<unsigned>(a.num_tokens),
+                    static_cast<unsigned>((a.num_heads + kHeadsPerBlock - 1) / kHeadsPerBlock));
+    sparse_mla_heads_kernel<RankPerLane><<<grid, kThreads, shared, stream>>>(a);
+    status = cudaGetLastError();
+    return true;
+  }
+}
+
 // Blocks of (token × head, kProjectRows output rows): each merges the pair's parts' softmax states (rescaled to the
 // common max; every block of the pair computes the same ô) and applies its rows of W_UV, so that W_UV is read by
 // many SMs at once.
@@ -508,6 +635,7 @@ cudaError_t sparse_mla_attention(const SparseMlaDeviceArgs& a, cudaStream_t stre
   if (a.num_tokens == 0) return cudaSuccess;
   const int64_t parts = sparse_mla_splits(a.num_tokens, a.num_heads, a.positions_stride);
   if (parts > 1 && a.scratch == nullptr) return cudaErrorInvalidValue;
+  if (cudaError_t status = cudaSuccess; parts == 1 && launch_heads_kernel(a, stream, status)) return status;
   const auto pairs = static_cast<unsigned>(a.num_tokens * a.num_heads);
   const size_t shared =
       static_cast<size_t>((kLatentChunk + 2) * a.kv_lora_rank + a.qk_head_dim + kLatentChunk) * sizeof(float);

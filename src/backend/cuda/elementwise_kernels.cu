@@ -1,5 +1,7 @@
 #include "backend/cuda/elementwise_kernels.h"
 
+#include <cuda_bf16.h>
+
 namespace kestrel::cuda {
 
 namespace {
@@ -28,6 +30,14 @@ __global__ void clamped_swiglu_pairs_kernel(const float* gate_up, int64_t n, int
   if (i >= count) return;
   const int64_t row = i / n, column = i % n;
   out[i] = clamped_swiglu_of(gate_up[2 * row * n + column], gate_up[(2 * row + 1) * n + column], limit);
+}
+
+__global__ void split_bf16_kernel(const float* x, int64_t n, uint16_t* high, uint16_t* low) {
+  const int64_t i = element_index();
+  if (i >= n) return;
+  const __nv_bfloat16 h = __float2bfloat16_rn(x[i]);
+  high[i] = __bfloat16_as_ushort(h);
+  low[i] = __bfloat16_as_ushort(__float2bfloat16_rn(x[i] - __bfloat162float(h)));
 }
 
 __global__ void sigmoid_kernel(float* x, int64_t n) {
@@ -112,6 +122,12 @@ cudaError_t clamped_swiglu_pairs(const float* gate_up, int64_t rows, int64_t n, 
                                  cudaStream_t stream) {
   if (rows == 0 || n == 0) return cudaSuccess;
   clamped_swiglu_pairs_kernel<<<blocks_for(rows * n), kThreads, 0, stream>>>(gate_up, n, rows * n, limit, out);
+  return cudaGetLastError();
+}
+
+cudaError_t split_bf16(const float* x, int64_t n, uint16_t* high, uint16_t* low, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  split_bf16_kernel<<<blocks_for(n), kThreads, 0, stream>>>(x, n, high, low);
   return cudaGetLastError();
 }
 

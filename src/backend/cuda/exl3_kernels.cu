@@ -239,6 +239,71 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) trellis_gemv(GemvParams p
   }
 }
 
+// The large-batch form's three steps. Decoding: one warp per tile (the record index is the tile's), lane l's states
+// 8l..8l+7 at exl3::tile_coord's places, each the fp16 sum of its codebook word's halves (as exl3::decode_state).
+template <int Bits, int Codebook>
+__global__ void __launch_bounds__(32 * kWarpsPerBlock) decode_tiles(const uint32_t* trellis, int64_t tiles,
+                                                                     int64_t tiles_n, __half* out) {
+  constexpr int kStreamBits = 256 * Bits, kWords = 8 * Bits;
+  const int lane = static_cast<int>(threadIdx.x & 31u);
+  const int64_t tile = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  if (tile >= tiles) return;
+  const int first_bit = (8 * lane + 1) * Bits - 16 + kStreamBits;
+  uint32_t raw[kLaneWords<Bits>];
+  load_tile<Bits>(trellis + tile * kWords, lane, (first_bit >> 5) % kWords, raw);
+  uint32_t state[8];
+  tile_states<Bits>(raw, lane, first_bit & 31, state);
+  const int64_t n = tiles_n * 16;
+  __half* corner = out + (tile / tiles_n * 16) * n + tile % tiles_n * 16;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const uint32_t word = codebook_word<Codebook>(state[j]);
+    const int row = 2 * (lane % 4) + (j & 1) + ((j & 2) ? 8 : 0), col = lane / 4 + ((j & 4) ? 8 : 0);
+    corner[row * n + col] = __hadd(__ushort_as_half(static_cast<unsigned short>(word & 0xFFFFu)),
+                                   __ushort_as_half(static_cast<unsigned short>(word >> 16)));
+  }
+}
+
+// The rotations' work split: one warp per (token, 128-element block of a `padded`-wide row); lane l takes elements
+// base..base+3 of row t. False for the warps past the last job.
+__device__ __forceinline__ bool rotation_job(int64_t padded, int64_t num_tokens, int64_t& t, int64_t& base) {
+  const int64_t job = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  const int64_t blocks = padded / 128;
+  t = job / blocks;
+  base = job % blocks * 128 + (threadIdx.x & 31u) * 4;
+  return job < blocks * num_tokens;
+}
+
+// out[t] = (x[t] ⊙ suh)·H128 per block, zero past in_features, rounded to fp16.
+__global__ void __launch_bounds__(32 * kWarpsPerBlock) rotate_inputs(const float* x, const uint16_t* suh,
+                                                                      int64_t in_features, int64_t in_padded,
+                                                                      int64_t num_tokens, __half* out) {
+  int64_t t = 0, base = 0;
+  if (!rotation_job(in_padded, num_tokens, t, base)) return;
+  float v[4];
+  for (int j = 0; j < 4; ++j) {
+    const int64_t i = base + j;
+    v[j] = i < in_features ? x[t * in_features + i] * __half2float(__ushort_as_half(suh[i])) : 0.0f;
+  }
+  hadamard128_warp(v);
+  for (int j = 0; j < 4; ++j) out[t * in_padded + base + j] = __float2half_rn(v[j]);
+}
+
+// y[t] = (rotated[t]·H128 ⊙ svh) per block, the first out_features columns.
+__global__ void __launch_bounds__(32 * kWarpsPerBlock) rotate_outputs(const float* rotated, const uint16_t* svh,
+                                                                       int64_t out_features, int64_t out_padded,
+                                                                       int64_t num_tokens, float* y) {
+  int64_t t = 0, base = 0;
+  if (!rotation_job(out_padded, num_tokens, t, base)) return;
+  float v[4];
+  for (int j = 0; j < 4; ++j) v[j] = rotated[t * out_padded + base + j];
+  hadamard128_warp(v);
+  for (int j = 0; j < 4; ++j) {
+    const int64_t o = base + j;
+    if (o < out_features) y[t * out_features + o] = v[j] * __half2float(__ushort_as_half(svh[o]));
+  }
+}
+
 template <int Bits, int Codebook, int Groups>
 void launch_pass(const GemvParams& p, dim3 grid, cudaStream_t stream) {
   const size_t shared = shared_bytes(p.slice_tiles, p.num_tokens);
@@ -269,24 +334,30 @@ void launch_gemv(GemvParams p, int64_t num_tokens, int64_t slots, cudaStream_t s
   }
 }
 
-template <int Bits>
-void launch_gemv_for_codebook(int codebook, const GemvParams& p, int64_t num_tokens, int64_t slots,
-                              cudaStream_t stream) {
+// Calls f(bits, codebook) with both as std::integral_constant, for the matrix's format (bits 1..8, codebook 0..2).
+template <int Bits, typename F>
+void with_codebook(int codebook, F& f) {
   switch (codebook) {
     case 0:
-      return launch_gemv<Bits, 0>(p, num_tokens, slots, stream);
+      return f(std::integral_constant<int, Bits>{}, std::integral_constant<int, 0>{});
     case 1:
-      return launch_gemv<Bits, 1>(p, num_tokens, slots, stream);
+      return f(std::integral_constant<int, Bits>{}, std::integral_constant<int, 1>{});
     default:
-      return launch_gemv<Bits, 2>(p, num_tokens, slots, stream);
+      return f(std::integral_constant<int, Bits>{}, std::integral_constant<int, 2>{});
   }
 }
 
-template <int... Bits>
-void launch_gemv_for_bits(std::integer_sequence<int, Bits...>, int bits, int codebook, const GemvParams& p,
-                          int64_t num_tokens, int64_t slots, cudaStream_t stream) {
-  ((bits == Bits ? launch_gemv_for_codebook<Bits>(codebook, p, num_tokens, slots, stream) : void()), ...);
+template <typename F, int... Bits>
+void with_format_of(std::integer_sequence<int, Bits...>, int bits, int codebook, F&& f) {
+  ((bits == Bits ? with_codebook<Bits>(codebook, f) : void()), ...);
 }
+
+template <typename F>
+void with_format(int bits, int codebook, F&& f) {
+  with_format_of(std::integer_sequence<int, 1, 2, 3, 4, 5, 6, 7, 8>{}, bits, codebook, f);
+}
+
+unsigned warp_blocks(int64_t warps) { return static_cast<unsigned>((warps + kWarpsPerBlock - 1) / kWarpsPerBlock); }
 
 bool launchable(const Exl3DeviceView& m) {
   return m.bits >= 1 && m.bits <= 8 && m.in_padded % 128 == 0 && m.out_padded % 128 == 0;
@@ -342,8 +413,10 @@ cudaError_t exl3_linear(const Exl3DeviceView& m, const Exl3Plan& plan, const flo
                         float* scratch, unsigned* counters, cudaStream_t stream) {
   if (num_tokens == 0) return cudaSuccess;
   if (!launchable(m)) return cudaErrorInvalidValue;
-  launch_gemv_for_bits(std::integer_sequence<int, 1, 2, 3, 4, 5, 6, 7, 8>{}, m.bits, m.codebook,
-                       params_for(m, plan, x, y, scratch, counters), num_tokens, 1, stream);
+  const GemvParams p = params_for(m, plan, x, y, scratch, counters);
+  with_format(m.bits, m.codebook, [&](auto bits, auto codebook) {
+    launch_gemv<decltype(bits)::value, decltype(codebook)::value>(p, num_tokens, 1, stream);
+  });
   return cudaGetLastError();
 }
 
@@ -361,8 +434,38 @@ cudaError_t exl3_slot_linear(const Exl3DeviceView& shape, const Exl3Plan& plan, 
   p.id_group = table.id_group;
   p.table_stride = table.stride;
   p.x_group = x_group;
-  launch_gemv_for_bits(std::integer_sequence<int, 1, 2, 3, 4, 5, 6, 7, 8>{}, shape.bits, shape.codebook, p, 1, slots,
-                       stream);
+  with_format(shape.bits, shape.codebook, [&](auto bits, auto codebook) {
+    launch_gemv<decltype(bits)::value, decltype(codebook)::value>(p, 1, slots, stream);
+  });
+  return cudaGetLastError();
+}
+
+cudaError_t exl3_decode_rotated(const Exl3DeviceView& m, uint16_t* out, cudaStream_t stream) {
+  if (!launchable(m)) return cudaErrorInvalidValue;
+  const int64_t tiles_n = m.out_padded / 16, tiles = m.in_padded / 16 * tiles_n;
+  with_format(m.bits, m.codebook, [&](auto bits, auto codebook) {
+    decode_tiles<decltype(bits)::value, decltype(codebook)::value><<<warp_blocks(tiles), 32 * kWarpsPerBlock, 0,
+                                                                      stream>>>(m.trellis, tiles, tiles_n,
+                                                                                reinterpret_cast<__half*>(out));
+  });
+  return cudaGetLastError();
+}
+
+cudaError_t exl3_rotate_inputs(const Exl3DeviceView& m, const float* x, int64_t num_tokens, uint16_t* out,
+                               cudaStream_t stream) {
+  if (!launchable(m)) return cudaErrorInvalidValue;
+  if (num_tokens == 0) return cudaSuccess;
+  rotate_inputs<<<warp_blocks(m.in_padded / 128 * num_tokens), 32 * kWarpsPerBlock, 0, stream>>>(
+      x, m.suh, m.in_features, m.in_padded, num_tokens, reinterpret_cast<__half*>(out));
+  return cudaGetLastError();
+}
+
+cudaError_t exl3_rotate_outputs(const Exl3DeviceView& m, const float* rotated, int64_t num_tokens, float* y,
+                                cudaStream_t stream) {
+  if (!launchable(m)) return cudaErrorInvalidValue;
+  if (num_tokens == 0) return cudaSuccess;
+  rotate_outputs<<<warp_blocks(m.out_padded / 128 * num_tokens), 32 * kWarpsPerBlock, 0, stream>>>(
+      rotated, m.svh, m.out_features, m.out_padded, num_tokens, y);
   return cudaGetLastError();
 }
 

@@ -65,4 +65,14 @@ cudaError_t exl3_slot_linear(const Exl3DeviceView& shape, const Exl3Plan& plan, 
                              int64_t slots, const float* x, int64_t x_group, float* y, float* scratch,
                              unsigned* counters, cudaStream_t stream);
 
+// The large-batch form (exllamav3 reconstructs too): Ŵ decoded once per call into fp16 [in_padded, out_padded]
+// row-major (exl3_decode_rotated, bit-exact with exl3::decode_rotated), the inputs rotated into fp16 [T, in_padded]
+// (exl3_rotate_inputs), their product on the tensor cores (gemm.h, float32 [T, out_padded]), and that rotated back into
+// y [T, out_features] (exl3_rotate_outputs). Worth it when the GEMV would read the trellis many times over.
+cudaError_t exl3_decode_rotated(const Exl3DeviceView& matrix, uint16_t* out, cudaStream_t stream);
+cudaError_t exl3_rotate_inputs(const Exl3DeviceView& matrix, const float* x, int64_t num_tokens, uint16_t* out,
+                               cudaStream_t stream);
+cudaError_t exl3_rotate_outputs(const Exl3DeviceView& matrix, const float* rotated, int64_t num_tokens, float* y,
+                                cudaStream_t stream);
+
 }  // namespace kestrel::cuda
