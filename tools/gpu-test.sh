@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # GPU test run, on a machine with an NVIDIA GPU: the CUDA test suite, the same suite under compute-sanitizer memcheck,
 # the CUDA linear benchmark, the embedded model decoding, a GPU memory leak check over 1,000 served requests, and the
-# whole forward at GLM-5.3-Flash's dimensions (4 layers, 1k and 128k context), then a summary. The figures in
+# whole forward at GLM-5.3-Flash's dimensions (4 layers: decode at 1k and 128k context, prefill of 2k, 8k and 32k
+# tokens), then a summary. The figures in
 # docs/benchmarks/cuda_linear.md and cuda_forward.md come from it.
 #
 #   usage: tools/gpu-test.sh [build-dir] [--quick]     (default build dir: build; --quick: tests and memcheck only)
 #
 # The CUDA targets are built first unless the build dir already holds them (binaries built elsewhere can be run this
 # way: they link the CUDA runtime statically and need only the driver, plus libfmt, libpcre2-8 and libutf8proc on
-# LD_LIBRARY_PATH). The real-dimension checkpoint (8.2 GB of random weights) is written to $KESTREL_SYNTHETIC
+# LD_LIBRARY_PATH; cuBLASLt, for prefill-sized linears, is opened at run time from the loader's path or
+# /usr/local/cuda/lib64). The real-dimension checkpoint (8.2 GB of random weights) is written to $KESTREL_SYNTHETIC
 # (default /dev/shm/kestrel_synthetic) unless it is there already.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -63,6 +65,8 @@ synthetic="${KESTREL_SYNTHETIC:-/dev/shm/kestrel_synthetic}"
 [ -f "$synthetic/config.json" ] || python3 tools/make_synthetic_glm5.py --out "$synthetic" --layers 4 > /dev/null
 "$kestrel" bench --device cuda --model "$synthetic" --contexts 1024 --sequences 1,4,16,64 --profile; forward_rc=$?
 "$kestrel" bench --device cuda --model "$synthetic" --contexts 131072 --sequences 1 --steps 32; long_rc=$?
+"$kestrel" bench --device cuda --model "$synthetic" --prefill-lengths 2048,8192,32768 --prefill-chunk 8192 \
+  --contexts 1024 --sequences 1 --steps 4 --profile; prefill_rc=$?
 
 echo "== summary =="
 echo "tests:          $(verdict $tests_rc)"
@@ -72,4 +76,5 @@ echo "nano decode:    $(verdict $run_rc)"
 echo "leak check:     $(verdict $leak_rc)"
 echo "forward 1k:     $(verdict $forward_rc)"
 echo "forward 128k:   $(verdict $long_rc)"
-for rc in $tests_rc $memcheck_rc $bench_rc $run_rc $leak_rc $forward_rc $long_rc; do [ "$rc" -eq 0 ] || exit 1; done
+echo "prefill:        $(verdict $prefill_rc)"
+for rc in $tests_rc $memcheck_rc $bench_rc $run_rc $leak_rc $forward_rc $long_rc $prefill_rc; do [ "$rc" -eq 0 ] || exit 1; done

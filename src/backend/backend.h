@@ -183,6 +183,27 @@ public:
   virtual void kda_chunked(const KdaArgs& args, int64_t chunk_size) = 0;
   virtual void kda_recurrent(const KdaArgs& args) = 0;
 
+  // One decode step of S sequences at once: row s of x/y (of q, k, v, g, beta, out) is sequence s's new token and
+  // conv_states[s] (states[s]) its state; args.num_tokens is S and args.state is not used. The same arithmetic as
+  // the single-sequence ops (the defaults run those per sequence); a GPU runs each as one launch.
+  virtual void causal_conv_silu_steps(const float* x, int64_t channels, int64_t kernel, const float* weight,
+                                      std::span<float* const> conv_states, float* y) {
+    for (size_t s = 0; s < conv_states.size(); ++s) {
+      const auto row = static_cast<int64_t>(s) * channels;
+      causal_conv_silu(x + row, 1, channels, kernel, weight, conv_states[s], y + row);
+    }
+  }
+  virtual void kda_recurrent_steps(const KdaArgs& args, std::span<float* const> states) {
+    const int64_t width = args.num_heads * args.head_dim;
+    for (size_t s = 0; s < states.size(); ++s) {
+      const auto i = static_cast<int64_t>(s);
+      kda_recurrent(KdaArgs{.num_tokens = 1, .num_heads = args.num_heads, .head_dim = args.head_dim,
+                            .q = args.q + i * width, .k = args.k + i * width, .v = args.v + i * width,
+                            .g = args.g + i * width, .beta = args.beta + i * args.num_heads, .state = states[s],
+                            .out = args.out + i * width});
+    }
+  }
+
   // DSA indexer selection: for each new token, the positions it attends to (ascending).
   virtual void indexer_select(const IndexerArgs& args) = 0;
   virtual void sparse_mla_attention(const SparseMlaArgs& args) = 0;

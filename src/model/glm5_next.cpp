@@ -184,13 +184,29 @@ void Glm5NextModel::kda_block(Workspace& ws, const KdaWeights& w, int64_t layer,
     backend_.linear(x, T, w.k_proj, k_in);
     backend_.linear(x, T, w.v_proj, v_in);
   }
-  for (const CallRows& call : calls) {
+  // A decode step of several sequences (one token each, rows in call order) runs as batched ops.
+  const bool steps = calls.size() > 1 && std::all_of(calls.begin(), calls.end(), [&](const CallRows& call) {
+                       return call.count == 1 && call.offset == &call - calls.data();
+                     });
+  if (steps) {
     const ProfileScope part(profile_, backend_, "kda convolution and recurrence");
-    float* conv_state = call.sequence->kda(layer).conv.data();  // [3, K-1, C]
-    const int64_t r = call.offset * C;
-    backend_.causal_conv_silu(q_in + r, call.count, C, K, w.q_conv.data(), conv_state, q + r);
-    backend_.causal_conv_silu(k_in + r, call.count, C, K, w.k_conv.data(), conv_state + (K - 1) * C, k + r);
-    backend_.causal_conv_silu(v_in + r, call.count, C, K, w.v_conv.data(), conv_state + 2 * (K - 1) * C, v + r);
+    std::vector<float*> conv_states[3];  // q, k, v: [3, K-1, C] per sequence
+    for (const CallRows& call : calls) {
+      float* conv_state = call.sequence->kda(layer).conv.data();
+      for (int64_t i = 0; i < 3; ++i) conv_states[i].push_back(conv_state + i * (K - 1) * C);
+    }
+    backend_.causal_conv_silu_steps(q_in, C, K, w.q_conv.data(), conv_states[0], q);
+    backend_.causal_conv_silu_steps(k_in, C, K, w.k_conv.data(), conv_states[1], k);
+    backend_.causal_conv_silu_steps(v_in, C, K, w.v_conv.data(), conv_states[2], v);
+  } else {
+    for (const CallRows& call : calls) {
+      const ProfileScope part(profile_, backend_, "kda convolution and recurrence");
+      float* conv_state = call.sequence->kda(layer).conv.data();  // [3, K-1, C]
+      const int64_t r = call.offset * C;
+      backend_.causal_conv_silu(q_in + r, call.count, C, K, w.q_conv.data(), conv_state, q + r);
+      backend_.causal_conv_silu(k_in + r, call.count, C, K, w.k_conv.data(), conv_state + (K - 1) * C, k + r);
+      backend_.causal_conv_silu(v_in + r, call.count, C, K, w.v_conv.data(), conv_state + 2 * (K - 1) * C, v + r);
+    }
   }
 
   // Forget gate g [T, H, Dh] (log-decay per key channel) and write strength beta [T, H].
@@ -210,7 +226,15 @@ void Glm5NextModel::kda_block(Workspace& ws, const KdaWeights& w, int64_t layer,
   }
 
   float* attended = ws.floats(T * C);
-  for (const CallRows& call : calls) {
+  if (steps) {
+    const ProfileScope part(profile_, backend_, "kda convolution and recurrence");
+    std::vector<float*> states;
+    for (const CallRows& call : calls) states.push_back(call.sequence->kda(layer).recurrent.data());
+    backend_.kda_recurrent_steps(KdaArgs{.num_tokens = T, .num_heads = H, .head_dim = Dh, .q = q, .k = k, .v = v,
+                                         .g = g, .beta = beta, .state = nullptr, .out = attended},
+                                 states);
+  }
+  for (const CallRows& call : steps ? std::span<const CallRows>() : calls) {
     const ProfileScope part(profile_, backend_, "kda convolution and recurrence");
     const int64_t r = call.offset * C;
     const KdaArgs args{.num_tokens = call.count, .num_heads = H, .head_dim = Dh, .q = q + r, .k = k + r, .v = v + r,

@@ -89,6 +89,13 @@ TEST_P(GoldenCudaTest, BatchedSequencesMatchTransformers) {
   expect_close(logits.whole, "ref_full.npy");
 }
 
+// Sequences decoding in lockstep: the batched decode-step kernels (one launch for every sequence's KDA step).
+TEST_P(GoldenCudaTest, LockstepDecodingMatchesTransformers) {
+  for (const std::vector<float>& logits : kestrel::testing::run_lockstep_decoding(*model_, fixture_)) {
+    expect_close(logits, "ref_incremental.npy");
+  }
+}
+
 // What the engine's prefix cache does: a second sequence shares the first one's full blocks, loads the KDA state
 // saved at that boundary (a round trip through host memory) and computes only the rest.
 TEST_P(GoldenCudaTest, ASequenceResumedOnCachedBlocksContinuesWithTheSameLogits) {

@@ -1,6 +1,7 @@
 // CUDA KDA ops against the CPU backend on random inputs in the model's ranges: the causal conv + SiLU with its
 // carried state, the forget gate with and without a lower bound, the recurrent delta rule at decode shapes (up to
-// the model's 64 heads x 128) and the multi-token call against the CPU's chunked WY form. Without a GPU, only the
+// the model's 64 heads x 128) and the multi-token call against the CPU's chunked WY form; batched decode steps against
+// single-sequence calls. Without a GPU, only the
 // argument checks run (they return before any CUDA call).
 #include <gtest/gtest.h>
 
@@ -157,6 +158,66 @@ TEST(CudaKdaTest, ChunkedMatchesCpuChunked) {
   const KdaOutputs gpu = gpu_kda(in, KdaForm::chunked), cpu = cpu_kda(in, KdaForm::chunked);
   EXPECT_LT(relative_difference(gpu.out, cpu.out), kChunkedTolerance);
   EXPECT_LT(relative_difference(gpu.state, cpu.state), kChunkedTolerance);
+}
+
+// A decode step of S sequences in one launch (the engine's batched decode) computes exactly what S single-sequence
+// calls compute: the same arithmetic per sequence, so the outputs and states are bitwise equal. 70 sequences cross
+// the 64 a launch takes.
+TEST(CudaKdaTest, BatchedStepEqualsEachSequenceAlone) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  constexpr int64_t kHeads = 4, kDim = 64, kKernel = 4, kChannels = kHeads * kDim;
+  uint32_t seed = 300;
+  for (const int64_t sequences : {3, 70}) {
+    const KdaInputs in = random_kda_inputs(sequences, kHeads, kDim, seed += 10);
+    const int64_t state_floats = kHeads * kDim * kDim, width = kHeads * kDim;
+    const std::vector<float> states = random_values(static_cast<size_t>(sequences * state_floats), ++seed, 0.1f);
+    DeviceBuffer q = to_device(in.q), k = to_device(in.k), v = to_device(in.v), g = to_device(in.g);
+    DeviceBuffer beta = to_device(in.beta);
+    DeviceBuffer batched_states = to_device(states), single_states = to_device(states);
+    DeviceBuffer batched_out(in.q.size() * sizeof(float)), single_out(in.q.size() * sizeof(float));
+    std::vector<float*> pointers;
+    for (int64_t s = 0; s < sequences; ++s) pointers.push_back(batched_states.as<float>() + s * state_floats);
+    const KdaDeviceArgs args{.num_tokens = sequences, .num_heads = kHeads, .head_dim = kDim, .q = q.as<float>(),
+                             .k = k.as<float>(), .v = v.as<float>(), .g = g.as<float>(), .beta = beta.as<float>(),
+                             .state = nullptr, .out = batched_out.as<float>()};
+    check(kda_recurrent_steps(args, pointers.data(), nullptr), "kda_recurrent_steps");
+    for (int64_t s = 0; s < sequences; ++s) {
+      KdaDeviceArgs one = args;
+      one.num_tokens = 1;
+      one.q += s * width;
+      one.k += s * width;
+      one.v += s * width;
+      one.g += s * width;
+      one.beta += s * kHeads;
+      one.state = single_states.as<float>() + s * state_floats;
+      one.out = single_out.as<float>() + s * width;
+      check(kda_recurrent(one, nullptr), "kda_recurrent");
+    }
+    EXPECT_EQ(to_host(batched_out), to_host(single_out)) << sequences << " sequences";
+    EXPECT_EQ(to_host(batched_states), to_host(single_states)) << sequences << " sequences";
+
+    const std::vector<float> x = random_values(static_cast<size_t>(sequences * kChannels), ++seed);
+    const std::vector<float> weight = random_values(static_cast<size_t>(kChannels * kKernel), ++seed, 0.5f);
+    const std::vector<float> conv = random_values(static_cast<size_t>(sequences * (kKernel - 1) * kChannels), ++seed);
+    DeviceBuffer x_dev = to_device(x), weight_dev = to_device(weight);
+    DeviceBuffer batched_conv = to_device(conv), single_conv = to_device(conv);
+    DeviceBuffer batched_y(x.size() * sizeof(float)), single_y(x.size() * sizeof(float));
+    std::vector<float*> conv_pointers;
+    for (int64_t s = 0; s < sequences; ++s) {
+      conv_pointers.push_back(batched_conv.as<float>() + s * (kKernel - 1) * kChannels);
+    }
+    check(causal_conv_silu_steps(x_dev.as<float>(), sequences, kChannels, kKernel, weight_dev.as<float>(),
+                                 conv_pointers.data(), batched_y.as<float>(), nullptr),
+          "causal_conv_silu_steps");
+    for (int64_t s = 0; s < sequences; ++s) {
+      check(causal_conv_silu(x_dev.as<float>() + s * kChannels, 1, kChannels, kKernel, weight_dev.as<float>(),
+                             single_conv.as<float>() + s * (kKernel - 1) * kChannels,
+                             single_y.as<float>() + s * kChannels, nullptr),
+            "causal_conv_silu");
+    }
+    EXPECT_EQ(to_host(batched_y), to_host(single_y)) << sequences << " sequences";
+    EXPECT_EQ(to_host(batched_conv), to_host(single_conv)) << sequences << " sequences";
+  }
 }
 
 TEST(CudaKdaTest, UnsupportedArgumentsAreRefused) {

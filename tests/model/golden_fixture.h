@@ -89,4 +89,22 @@ inline BatchedLogits run_batched_sequences(Glm5NextModel& model, const GoldenFix
   return out;
 }
 
+// Three sequences decoding in lockstep, the engine's steady state: the reference's prefill for each in one pass,
+// then one token of each per pass (Glm5NextModel's batched decode-step ops). Each sequence's logits, all rows.
+inline std::vector<std::vector<float>> run_lockstep_decoding(Glm5NextModel& model, const GoldenFixture& fixture) {
+  const std::span<const int32_t> tokens(fixture.tokens);
+  std::vector<std::unique_ptr<SequenceState>> sequences;
+  for (int s = 0; s < 3; ++s) sequences.push_back(model.new_sequence());
+  std::vector<std::vector<float>> out(sequences.size());
+  for (size_t next = 0; next < tokens.size();) {
+    const size_t count = next == 0 ? static_cast<size_t>(fixture.prefill) : 1;
+    std::vector<SequenceCall> calls;
+    for (const auto& sequence : sequences) calls.push_back({sequence.get(), tokens.subspan(next, count)});
+    const std::vector<std::vector<float>> logits = model.forward_batch(calls);
+    for (size_t s = 0; s < sequences.size(); ++s) out[s].insert(out[s].end(), logits[s].begin(), logits[s].end());
+    next += count;
+  }
+  return out;
+}
+
 }  // namespace kestrel::testing

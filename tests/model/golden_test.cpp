@@ -95,6 +95,19 @@ TEST_P(GoldenTest, BatchedSequencesMatchTransformers) {
   EXPECT_LE(max_abs_difference(logits.whole, full.data), kTolerance);
 }
 
+// Sequences decoding in lockstep (every call one token: the batched decode-step ops) each get the logits of one
+// sequence decoded alone.
+TEST_P(GoldenTest, LockstepDecodingMatchesTransformers) {
+  const GoldenFixture fixture = read_golden_fixture(GetParam());
+  CpuBackend backend;
+  const auto model = Glm5NextModel::load(fixture.dir, backend);
+  const NpyArray incremental = read_npy(fixture.dir + "/ref_incremental.npy");
+  for (const std::vector<float>& logits : testing::run_lockstep_decoding(*model, fixture)) {
+    ASSERT_EQ(logits.size(), incremental.data.size());
+    EXPECT_LE(max_abs_difference(logits, incremental.data), kTolerance);
+  }
+}
+
 // Profiling a pass (ForwardOptions::profile, `kestrel bench --profile`) times every part of the model the
 // fixture has, within the pass's own time, without changing what the pass computes.
 TEST_P(GoldenTest, ProfiledForwardTimesEachPartAndGivesTheSameLogits) {

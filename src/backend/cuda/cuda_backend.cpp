@@ -291,6 +291,19 @@ void CudaBackend::kda_recurrent(const KdaArgs& args) {
   check(cuda::kda_recurrent(device_args(args), stream_), "kda_recurrent launch");
 }
 
+void CudaBackend::causal_conv_silu_steps(const float* x, int64_t channels, int64_t kernel, const float* weight,
+                                         std::span<float* const> conv_states, float* y) {
+  check(cuda::causal_conv_silu_steps(x, static_cast<int64_t>(conv_states.size()), channels, kernel, weight,
+                                     conv_states.data(), y, stream_),
+        "causal_conv_silu_steps launch");
+}
+
+void CudaBackend::kda_recurrent_steps(const KdaArgs& args, std::span<float* const> states) {
+  require(static_cast<size_t>(args.num_tokens) == states.size(), "kda_recurrent_steps: {} rows for {} states",
+          args.num_tokens, states.size());
+  check(cuda::kda_recurrent_steps(device_args(args), states.data(), stream_), "kda_recurrent_steps launch");
+}
+
 void CudaBackend::indexer_select(const IndexerArgs& a) {
   require(a.positions_stride == indexer_max_positions(a.topk_pools, a.kpool),
           "indexer selection stride {} differs from the longest selection ({})", a.positions_stride,

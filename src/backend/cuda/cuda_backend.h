@@ -64,6 +64,9 @@ public:
                         float* conv_state, float* y) override;
   void kda_chunked(const KdaArgs& args, int64_t chunk_size) override;
   void kda_recurrent(const KdaArgs& args) override;
+  void causal_conv_silu_steps(const float* x, int64_t channels, int64_t kernel, const float* weight,
+                              std::span<float* const> conv_states, float* y) override;
+  void kda_recurrent_steps(const KdaArgs& args, std::span<float* const> states) override;
   void indexer_select(const IndexerArgs& args) override;
   void sparse_mla_attention(const SparseMlaArgs& args) override;
   void kpool_compress(const PagedRows& keys, const PagedRows& gates, const float* ape, int64_t pool, int64_t kpool,

@@ -40,7 +40,9 @@ bool resolve(void* library, const char* name, Fn& fn) {
 // Loaded once per process; null when the library or one of its symbols is missing.
 const Gemm::Api* load_api() {
   static const Gemm::Api* const api = []() -> const Gemm::Api* {
+    // The loader's search path first, then the CUDA toolkit's default place (often not in ld.so.cache).
     void* library = dlopen("libcublasLt.so.13", RTLD_NOW | RTLD_LOCAL);
+    if (library == nullptr) library = dlopen("/usr/local/cuda/lib64/libcublasLt.so.13", RTLD_NOW | RTLD_LOCAL);
     if (library == nullptr) {
       log_warn("cuBLASLt not loaded ({}): prefill-sized linears run on the GEMV kernels", dlerror());
       return nullptr;

@@ -1,6 +1,6 @@
 // Prefill-sized matrix products on the tensor cores through cuBLASLt: y[T, n] (float32) = x[T, k] · B with x and B
 // in fp16 or bf16 and float32 accumulation. cuBLASLt is loaded when the first Gemm is made (dlopen of
-// libcublasLt.so.13), not linked: the kestrel binary keeps running on machines without the CUDA libraries, and a
+// libcublasLt.so.13 from the loader's path, else /usr/local/cuda/lib64), not linked: the kestrel binary keeps running on machines without the CUDA libraries, and a
 // GPU machine without cuBLASLt keeps every token count on the GEMV kernels (`available()` is false, logged once).
 #pragma once
 

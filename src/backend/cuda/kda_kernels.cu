@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cstdint>
 
 #include "backend/cuda/block_reduce.cuh"
@@ -16,11 +17,8 @@ unsigned blocks_for(int64_t n, int threads) { return static_cast<unsigned>((n + 
 
 // One thread per channel walks the tokens with the last kernel-1 inputs in registers: the loops run to the maximum
 // kernel with guards, so that every array index is a compile-time constant.
-__global__ void __launch_bounds__(kElementwiseThreads)
-    causal_conv_silu_kernel(const float* x, int64_t num_tokens, int64_t channels, int kernel, const float* weight,
-                            float* conv_state, float* y) {
-  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (c >= channels) return;
+__device__ __forceinline__ void conv_channel(const float* x, int64_t num_tokens, int64_t channels, int64_t c,
+                                             int kernel, const float* weight, float* conv_state, float* y) {
   const int history = kernel - 1;
   const float* w = weight + c * kernel;
   float w_history[kMaxConvKernel - 1];
@@ -53,6 +51,22 @@ __global__ void __launch_bounds__(kElementwiseThreads)
   for (int j = 0; j < kMaxConvKernel - 1; ++j) {
     if (j < history) conv_state[j * channels + c] = window[j];
   }
+}
+
+__global__ void __launch_bounds__(kElementwiseThreads)
+    causal_conv_silu_kernel(const float* x, int64_t num_tokens, int64_t channels, int kernel, const float* weight,
+                            float* conv_state, float* y) {
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c < channels) conv_channel(x, num_tokens, channels, c, kernel, weight, conv_state, y);
+}
+
+// Sequence blockIdx.y of a batched step: its row of x and y, its conv state.
+__global__ void __launch_bounds__(kElementwiseThreads)
+    causal_conv_silu_steps_kernel(const float* x, int64_t channels, int kernel, const float* weight, StepStates states,
+                                  float* y) {
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t row = static_cast<int64_t>(blockIdx.y) * channels;
+  if (c < channels) conv_channel(x + row, 1, channels, c, kernel, weight, states.at[blockIdx.y], y + row);
 }
 
 __global__ void __launch_bounds__(kElementwiseThreads)
@@ -105,8 +119,27 @@ __device__ __forceinline__ TokenInputs<D> load_token(const KdaDeviceArgs& a, int
 // Head blockIdx.x; each warp owns value columns [column0, column0 + 8) and every key row, so S^T k and S^T q are
 // warp reductions over the key rows and the warps never meet. Lane l holds S[l + 32 i][column0 + j] in registers for
 // the whole call; the next token's inputs are loaded while the current one is computed.
+// The call's tensors from row (token) `first` on.
+__host__ __device__ __forceinline__ KdaDeviceArgs from_row(KdaDeviceArgs a, int64_t first) {
+  const int64_t width = a.num_heads * a.head_dim;
+  a.q += first * width;
+  a.k += first * width;
+  a.v += first * width;
+  a.g += first * width;
+  a.beta += first * a.num_heads;
+  a.out += first * width;
+  return a;
+}
+
+// With `steps`, block z runs sequence z of a batched step: one token, row z of the inputs and outputs, states.at[z].
 template <int D>
-__global__ void __launch_bounds__(32 * kWarpsPerBlock) kda_recurrent_kernel(KdaDeviceArgs a) {
+__global__ void __launch_bounds__(32 * kWarpsPerBlock) kda_recurrent_kernel(KdaDeviceArgs a, bool steps,
+                                                                           StepStates states) {
+  if (steps) {
+    a = from_row(a, blockIdx.z);
+    a.num_tokens = 1;
+    a.state = states.at[blockIdx.z];
+  }
   constexpr int kRows = rows_per_lane<D>();
   const int lane = static_cast<int>(threadIdx.x & 31u);
   const int64_t h = blockIdx.x;
@@ -197,21 +230,71 @@ cudaError_t kda_gate(const float* f, int64_t num_tokens, int64_t num_heads, int6
   return cudaGetLastError();
 }
 
-cudaError_t kda_recurrent(const KdaDeviceArgs& args, cudaStream_t stream) {
+namespace {
+
+bool recurrent_shape_ok(const KdaDeviceArgs& args) {
   const int64_t D = args.head_dim;
-  if ((D != 16 && D != 32 && D != 64 && D != 128) || reinterpret_cast<uintptr_t>(args.state) % 16 != 0) {
-    return cudaErrorInvalidValue;
-  }
-  if (args.num_tokens == 0 || args.num_heads == 0) return cudaSuccess;
+  return D == 16 || D == 32 || D == 64 || D == 128;
+}
+
+bool aligned_state(const float* state) { return reinterpret_cast<uintptr_t>(state) % 16 == 0; }
+
+// count == 0: the single-sequence call (args.state); else `count` sequences of a batched step.
+cudaError_t launch_recurrent(const KdaDeviceArgs& args, int64_t count, const StepStates& states,
+                             cudaStream_t stream) {
+  const int64_t D = args.head_dim;
   constexpr int64_t kBlockColumns = kColumnsPerWarp * kWarpsPerBlock;
-  const dim3 grid(static_cast<unsigned>(args.num_heads), static_cast<unsigned>((D + kBlockColumns - 1) / kBlockColumns));
+  const dim3 grid(static_cast<unsigned>(args.num_heads), static_cast<unsigned>((D + kBlockColumns - 1) / kBlockColumns),
+                  static_cast<unsigned>(std::max<int64_t>(count, 1)));
+  const bool steps = count > 0;
   switch (D) {
-    case 16: kda_recurrent_kernel<16><<<grid, 32 * kWarpsPerBlock, 0, stream>>>(args); break;
-    case 32: kda_recurrent_kernel<32><<<grid, 32 * kWarpsPerBlock, 0, stream>>>(args); break;
-    case 64: kda_recurrent_kernel<64><<<grid, 32 * kWarpsPerBlock, 0, stream>>>(args); break;
-    default: kda_recurrent_kernel<128><<<grid, 32 * kWarpsPerBlock, 0, stream>>>(args); break;
+    case 16: kda_recurrent_kernel<16><<<grid, 32 * kWarpsPerBlock, 0, stream>>>(args, steps, states); break;
+    case 32: kda_recurrent_kernel<32><<<grid, 32 * kWarpsPerBlock, 0, stream>>>(args, steps, states); break;
+    case 64: kda_recurrent_kernel<64><<<grid, 32 * kWarpsPerBlock, 0, stream>>>(args, steps, states); break;
+    default: kda_recurrent_kernel<128><<<grid, 32 * kWarpsPerBlock, 0, stream>>>(args, steps, states); break;
   }
   return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t kda_recurrent(const KdaDeviceArgs& args, cudaStream_t stream) {
+  if (!recurrent_shape_ok(args) || !aligned_state(args.state)) return cudaErrorInvalidValue;
+  if (args.num_tokens == 0 || args.num_heads == 0) return cudaSuccess;
+  return launch_recurrent(args, 0, StepStates{}, stream);
+}
+
+cudaError_t kda_recurrent_steps(const KdaDeviceArgs& args, float* const* states, cudaStream_t stream) {
+  if (!recurrent_shape_ok(args)) return cudaErrorInvalidValue;
+  for (int64_t s = 0; s < args.num_tokens; ++s) {
+    if (!aligned_state(states[s])) return cudaErrorInvalidValue;
+  }
+  if (args.num_heads == 0) return cudaSuccess;
+  for (int64_t first = 0; first < args.num_tokens; first += kMaxStepSequences) {
+    const int64_t count = std::min<int64_t>(kMaxStepSequences, args.num_tokens - first);
+    StepStates table{};
+    for (int64_t s = 0; s < count; ++s) table.at[s] = states[first + s];
+    const cudaError_t status = launch_recurrent(from_row(args, first), count, table, stream);
+    if (status != cudaSuccess) return status;
+  }
+  return cudaSuccess;
+}
+
+cudaError_t causal_conv_silu_steps(const float* x, int64_t count, int64_t channels, int64_t kernel,
+                                   const float* weight, float* const* states, float* y, cudaStream_t stream) {
+  if (kernel < 1 || kernel > kMaxConvKernel) return cudaErrorInvalidValue;
+  if (channels == 0) return cudaSuccess;
+  for (int64_t first = 0; first < count; first += kMaxStepSequences) {
+    const int64_t n = std::min<int64_t>(kMaxStepSequences, count - first);
+    StepStates table{};
+    for (int64_t s = 0; s < n; ++s) table.at[s] = states[first + s];
+    const dim3 grid(blocks_for(channels, kElementwiseThreads), static_cast<unsigned>(n));
+    causal_conv_silu_steps_kernel<<<grid, kElementwiseThreads, 0, stream>>>(x + first * channels, channels,
+                                                                           static_cast<int>(kernel), weight, table,
+                                                                           y + first * channels);
+    if (const cudaError_t status = cudaGetLastError(); status != cudaSuccess) return status;
+  }
+  return cudaSuccess;
 }
 
 cudaError_t kda_chunked(const KdaDeviceArgs& args, int64_t chunk_size, cudaStream_t stream) {

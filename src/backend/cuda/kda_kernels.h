@@ -27,11 +27,22 @@ struct KdaDeviceArgs {
   float* out;         // [T, heads, head_dim]
 };
 
+// Per-sequence state pointers of a batched decode step, passed by value in the launch (no upload): at most
+// kMaxStepSequences a launch, the launchers split larger batches.
+constexpr int kMaxStepSequences = 64;
+struct StepStates {
+  float* at[kMaxStepSequences];
+};
+
 // Causal depthwise conv over x [T, channels] with weight [channels, kernel], then SiLU into y [T, channels].
 // conv_state [kernel-1, channels] holds the previous inputs and is updated to the last kernel-1 inputs. kernel must
 // be in 1..8 (the model uses 4), else cudaErrorInvalidValue.
 cudaError_t causal_conv_silu(const float* x, int64_t num_tokens, int64_t channels, int64_t kernel,
                              const float* weight, float* conv_state, float* y, cudaStream_t stream);
+
+// One token of each of `count` sequences: row s of x and y is sequence s's, states[s] its conv_state.
+cudaError_t causal_conv_silu_steps(const float* x, int64_t count, int64_t channels, int64_t kernel,
+                                   const float* weight, float* const* states, float* y, cudaStream_t stream);
 
 // Forget gate per head h and channel c of f [T, heads, head_dim]: g = lower_bound * sigmoid(exp(a_log[h]) * (f +
 // dt_bias[h, c])) when lower_bound (a host pointer) is set, else -exp(a_log[h]) * softplus(f + dt_bias[h, c]).
@@ -42,6 +53,10 @@ cudaError_t kda_gate(const float* f, int64_t num_tokens, int64_t num_heads, int6
 // S = diag(exp(g)) S; delta = (v - S^T k) * beta; S += k delta^T; out = S^T q. head_dim must be 16, 32, 64 or 128
 // (the model uses 128, the test fixtures 16) and state 16-byte aligned, else cudaErrorInvalidValue.
 cudaError_t kda_recurrent(const KdaDeviceArgs& args, cudaStream_t stream);
+
+// One token of each of args.num_tokens sequences: row s of q, k, v, g, beta and out is sequence s's, states[s] its
+// state (args.state is not used).
+cudaError_t kda_recurrent_steps(const KdaDeviceArgs& args, float* const* states, cudaStream_t stream);
 
 // The multi-token call (Backend::kda_chunked). Today the recurrence above over all T tokens; chunk_size (>= 1, else
 // cudaErrorInvalidValue) is the chunk length the tensor-core WY form will take.
