@@ -28,8 +28,10 @@ struct Gemm::Api {
 namespace {
 
 constexpr size_t kWorkspaceBytes = size_t{32} << 20;
-// Plans kept at most (one per distinct token count and shape: prefill chunks and per-expert groups vary).
-constexpr size_t kMaxPlans = 1024;
+// Plans kept at most: one per distinct token count and shape, and per-expert groups take every count up to a chunk's
+// worth, so the cache must hold them all (about 1 KB each) or a prefill keeps paying the heuristic (an 8k prompt's
+// first prefill spent ~0.1 s choosing algorithms for new counts, H100 runs 15 and 18).
+constexpr size_t kMaxPlans = 16384;
 
 template <typename Fn>
 bool resolve(void* library, const char* name, Fn& fn) {

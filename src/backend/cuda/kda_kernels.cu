@@ -10,8 +10,10 @@ namespace {
 
 constexpr int kElementwiseThreads = 256;
 constexpr int kMaxConvKernel = 8;
-constexpr int kColumnsPerWarp = 8;  // value columns of the state one warp owns
-constexpr int kWarpsPerBlock = 4;   // 32 columns per block: a 64 x 128 decode step is 256 blocks, over every SM
+// Value columns of the state one warp owns: a token's step is a chain of warp reductions per column, latency-bound
+// with few warps a scheduler, so more warps with fewer columns each finish sooner (4 rather than 8).
+constexpr int kColumnsPerWarp = 4;
+constexpr int kWarpsPerBlock = 8;  // 32 columns per block: a 64 x 128 step is 256 blocks of 8 warps, over every SM
 
 unsigned blocks_for(int64_t n, int threads) { return static_cast<unsigned>((n + threads - 1) / threads); }
 
@@ -116,7 +118,7 @@ __device__ __forceinline__ TokenInputs<D> load_token(const KdaDeviceArgs& a, int
   return in;
 }
 
-// Head blockIdx.x; each warp owns value columns [column0, column0 + 8) and every key row, so S^T k and S^T q are
+// Head blockIdx.x; each warp owns value columns [column0, column0 + 4) and every key row, so S^T k and S^T q are
 // warp reductions over the key rows and the warps never meet. Lane l holds S[l + 32 i][column0 + j] in registers for
 // the whole call; the next token's inputs are loaded while the current one is computed.
 // The call's tensors from row (token) `first` on.
@@ -151,10 +153,8 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) kda_recurrent_kernel(KdaD
 #pragma unroll
   for (int i = 0; i < kRows; ++i) {
     if (lane + 32 * i >= D) continue;
-    const float4* p = reinterpret_cast<const float4*>(state + (lane + 32 * i) * D + column0);
-    const float4 lo = p[0], hi = p[1];
-    S[i][0] = lo.x, S[i][1] = lo.y, S[i][2] = lo.z, S[i][3] = lo.w;
-    S[i][4] = hi.x, S[i][5] = hi.y, S[i][6] = hi.z, S[i][7] = hi.w;
+    const float4 p = *reinterpret_cast<const float4*>(state + (lane + 32 * i) * D + column0);
+    S[i][0] = p.x, S[i][1] = p.y, S[i][2] = p.z, S[i][3] = p.w;
   }
   const float scale = 1.0f / sqrtf(static_cast<float>(D));
   TokenInputs<D> next = load_token<D>(a, 0, h, column0, lane);
@@ -204,9 +204,7 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) kda_recurrent_kernel(KdaD
 #pragma unroll
   for (int i = 0; i < kRows; ++i) {
     if (lane + 32 * i >= D) continue;
-    float4* p = reinterpret_cast<float4*>(state + (lane + 32 * i) * D + column0);
-    p[0] = make_float4(S[i][0], S[i][1], S[i][2], S[i][3]);
-    p[1] = make_float4(S[i][4], S[i][5], S[i][6], S[i][7]);
+    *reinterpret_cast<float4*>(state + (lane + 32 * i) * D + column0) = make_float4(S[i][0], S[i][1], S[i][2], S[i][3]);
   }
 }
 

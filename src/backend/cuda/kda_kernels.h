@@ -2,7 +2,7 @@
 // cpu/elementwise.cpp): the short causal conv + SiLU, the forget gate and the gated delta rule. All pointers are
 // float32 device memory unless noted; every launcher returns the launch's error (cudaSuccess when it was queued).
 //
-// The delta rule is decode-first: one warp owns 8 value columns of one head's [head_dim, head_dim] state in
+// The delta rule is decode-first: one warp owns 4 value columns of one head's [head_dim, head_dim] state in
 // registers for every token of the call, so the state is read and written once per call and warps never
 // synchronise. The multi-token form (kda_chunked) runs the same recurrence token by token; the chunked WY form on
 // the tensor cores (what prefill wants) is future work. Both forms compute the same recurrence, so they differ from
