@@ -363,6 +363,16 @@ bool launchable(const Exl3DeviceView& m) {
   return m.bits >= 1 && m.bits <= 8 && m.in_padded % 128 == 0 && m.out_padded % 128 == 0;
 }
 
+// A rotation kernel over rows `padded` wide: one warp per (token, 128-element block).
+template <typename Kernel, typename... Args>
+cudaError_t launch_rotation(const Exl3DeviceView& m, int64_t padded, int64_t num_tokens, cudaStream_t stream,
+                            Kernel kernel, Args... args) {
+  if (!launchable(m)) return cudaErrorInvalidValue;
+  if (num_tokens == 0) return cudaSuccess;
+  kernel<<<warp_blocks(padded / 128 * num_tokens), 32 * kWarpsPerBlock, 0, stream>>>(args...);
+  return cudaGetLastError();
+}
+
 GemvParams params_for(const Exl3DeviceView& m, const Exl3Plan& plan, const float* x, float* y, float* scratch,
                       unsigned* counters) {
   return GemvParams{.matrix = {.trellis = m.trellis, .suh = m.suh, .svh = m.svh},
@@ -453,20 +463,14 @@ cudaError_t exl3_decode_rotated(const Exl3DeviceView& m, uint16_t* out, cudaStre
 
 cudaError_t exl3_rotate_inputs(const Exl3DeviceView& m, const float* x, int64_t num_tokens, uint16_t* out,
                                cudaStream_t stream) {
-  if (!launchable(m)) return cudaErrorInvalidValue;
-  if (num_tokens == 0) return cudaSuccess;
-  rotate_inputs<<<warp_blocks(m.in_padded / 128 * num_tokens), 32 * kWarpsPerBlock, 0, stream>>>(
-      x, m.suh, m.in_features, m.in_padded, num_tokens, reinterpret_cast<__half*>(out));
-  return cudaGetLastError();
+  return launch_rotation(m, m.in_padded, num_tokens, stream, rotate_inputs, x, m.suh, m.in_features, m.in_padded,
+                         num_tokens, reinterpret_cast<__half*>(out));
 }
 
 cudaError_t exl3_rotate_outputs(const Exl3DeviceView& m, const float* rotated, int64_t num_tokens, float* y,
                                 cudaStream_t stream) {
-  if (!launchable(m)) return cudaErrorInvalidValue;
-  if (num_tokens == 0) return cudaSuccess;
-  rotate_outputs<<<warp_blocks(m.out_padded / 128 * num_tokens), 32 * kWarpsPerBlock, 0, stream>>>(
-      rotated, m.svh, m.out_features, m.out_padded, num_tokens, y);
-  return cudaGetLastError();
+  return launch_rotation(m, m.out_padded, num_tokens, stream, rotate_outputs, rotated, m.svh, m.out_features,
+                         m.out_padded, num_tokens, y);
 }
 
 }  // namespace kestrel::cuda
