@@ -233,17 +233,18 @@ void Glm5NextModel::kda_block(Workspace& ws, const KdaWeights& w, int64_t layer,
     backend_.kda_recurrent_steps(KdaArgs{.num_tokens = T, .num_heads = H, .head_dim = Dh, .q = q, .k = k, .v = v,
                                          .g = g, .beta = beta, .state = nullptr, .out = attended},
                                  states);
-  }
-  for (const CallRows& call : steps ? std::span<const CallRows>() : calls) {
-    const ProfileScope part(profile_, backend_, "kda convolution and recurrence");
-    const int64_t r = call.offset * C;
-    const KdaArgs args{.num_tokens = call.count, .num_heads = H, .head_dim = Dh, .q = q + r, .k = k + r, .v = v + r,
-                       .g = g + r, .beta = beta + call.offset * H,
-                       .state = call.sequence->kda(layer).recurrent.data(), .out = attended + r};
-    if (call.count == 1) {
-      backend_.kda_recurrent(args);
-    } else {
-      backend_.kda_chunked(args, 64);
+  } else {
+    for (const CallRows& call : calls) {
+      const ProfileScope part(profile_, backend_, "kda convolution and recurrence");
+      const int64_t r = call.offset * C;
+      const KdaArgs args{.num_tokens = call.count, .num_heads = H, .head_dim = Dh, .q = q + r, .k = k + r,
+                         .v = v + r, .g = g + r, .beta = beta + call.offset * H,
+                         .state = call.sequence->kda(layer).recurrent.data(), .out = attended + r};
+      if (call.count == 1) {
+        backend_.kda_recurrent(args);
+      } else {
+        backend_.kda_chunked(args, 64);
+      }
     }
   }
 
