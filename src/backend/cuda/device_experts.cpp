@@ -78,7 +78,7 @@ void DeviceExperts::forward(const float* x, int64_t num_tokens, int64_t top_k, c
                  up_plan = exl3_plan(up_shape_, share(gate_up_matrices)),
                  down_plan = exl3_plan(down_.shape, share(slots));
   // Scratch: gate and up outputs [slots, 2, I] (interleaved when one launch computes both, else gate [slots, I]
-  // then up), the activation [slots, I], down outputs [slots, hidden], then the k-split partials of the largest
+  // then up, and their activation [slots, I]), down outputs [slots, hidden], then the k-split partials of the largest
   // projection for every matrix of a launch.
   const size_t partial = std::max({exl3_slot_scratch_floats(gate_shape_, gate_plan),
                                    exl3_slot_scratch_floats(up_shape_, up_plan),
@@ -91,27 +91,29 @@ void DeviceExperts::forward(const float* x, int64_t num_tokens, int64_t top_k, c
   float* partials = down + n_d;
   unsigned* slot_counters = counters(2 * slots);
   const auto* table = gate_up_table_.as<Exl3MatrixRef>();
+  Exl3SlotInput down_input{.x = activation};
   if (one_gate_up_launch_) {
     check(exl3_slot_linear(gate_shape_, gate_plan, Exl3SlotTable{.matrices = table, .ids = ids, .id_group = 2,
                                                                  .stride = 2},
-                           2 * slots, x, 2 * top_k, gate_up, partials, slot_counters, stream),
+                           2 * slots, Exl3SlotInput{.x = x, .group = 2 * top_k}, gate_up, partials, slot_counters,
+                           stream),
           "expert gate and up launch");
-    check(clamped_swiglu_pairs(gate_up, slots, intermediate, swiglu_limit, activation, stream),
-          "expert activation launch");
+    // The down launch applies the activation to the (gate, up) row pairs as it reads them.
+    down_input = Exl3SlotInput{.x = gate_up, .swiglu = true, .swiglu_limit = swiglu_limit};
   } else {
     float* up = gate_up + n_i;
     check(exl3_slot_linear(gate_shape_, gate_plan, Exl3SlotTable{.matrices = table, .ids = ids, .stride = 2}, slots,
-                           x, top_k, gate_up, partials, slot_counters, stream),
+                           Exl3SlotInput{.x = x, .group = top_k}, gate_up, partials, slot_counters, stream),
           "expert gate launch");
     check(exl3_slot_linear(up_shape_, up_plan, Exl3SlotTable{.matrices = table + 1, .ids = ids, .stride = 2}, slots,
-                           x, top_k, up, partials, slot_counters, stream),
+                           Exl3SlotInput{.x = x, .group = top_k}, up, partials, slot_counters, stream),
           "expert up launch");
     check(clamped_swiglu(gate_up, up, static_cast<int64_t>(n_i), swiglu_limit, activation, stream),
           "expert activation launch");
   }
   check(exl3_slot_linear(down_.shape, down_plan, Exl3SlotTable{.matrices = down_.table.as<Exl3MatrixRef>(),
                                                                 .ids = ids},
-                         slots, activation, 1, down, partials, slot_counters, stream),
+                         slots, down_input, down, partials, slot_counters, stream),
         "expert down launch");
   check(weighted_slot_sum(down, weights, num_tokens, top_k, hidden, out, stream), "expert combine launch");
 }

@@ -1,7 +1,8 @@
 // One MoE layer's routed experts on the GPU, EXL3 only (the format of the deployed checkpoint's experts), and the
-// fused decode path over them: with the router's choices in device memory, a layer is four launches whatever the
-// routing (gate and up together for every slot, clamped SwiGLU, down for every slot, the weighted combine; five
-// when gate and up differ in format), without a host round trip, so a decode step can be captured as a CUDA graph. A slot is one token's use of one of its top_k
+// fused decode path over them: with the router's choices in device memory, a layer is three launches whatever the
+// routing (gate and up together for every slot; down for every slot, applying the clamped SwiGLU to the gate and
+// up outputs as it reads them; the weighted combine; five when gate and up differ in format), without a host round
+// trip, so a decode step can be captured as a CUDA graph. A slot is one token's use of one of its top_k
 // experts; each slot reads its expert's matrices once, so tokens sharing an expert read it once each (grouping
 // them is future work for large batches).
 #pragma once

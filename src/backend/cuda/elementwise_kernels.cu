@@ -2,6 +2,8 @@
 
 #include <cuda_bf16.h>
 
+#include "backend/cuda/swiglu.cuh"
+
 namespace kestrel::cuda {
 
 namespace {
@@ -14,22 +16,9 @@ __device__ __forceinline__ int64_t element_index() {
   return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
 }
 
-__device__ __forceinline__ float clamped_swiglu_of(float gate, float up, float limit) {
-  const float g = fminf(gate, limit);
-  const float u = fminf(fmaxf(up, -limit), limit);
-  return g / (1.0f + expf(-g)) * u;
-}
-
 __global__ void clamped_swiglu_kernel(const float* gate, const float* up, int64_t n, float limit, float* out) {
   const int64_t i = element_index();
   if (i < n) out[i] = clamped_swiglu_of(gate[i], up[i], limit);
-}
-
-__global__ void clamped_swiglu_pairs_kernel(const float* gate_up, int64_t n, int64_t count, float limit, float* out) {
-  const int64_t i = element_index();
-  if (i >= count) return;
-  const int64_t row = i / n, column = i % n;
-  out[i] = clamped_swiglu_of(gate_up[2 * row * n + column], gate_up[(2 * row + 1) * n + column], limit);
 }
 
 __global__ void split_bf16_kernel(const float* x, int64_t n, uint16_t* high, uint16_t* low) {
@@ -115,13 +104,6 @@ cudaError_t clamped_swiglu(const float* gate, const float* up, int64_t n, float 
                            cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
   clamped_swiglu_kernel<<<blocks_for(n), kThreads, 0, stream>>>(gate, up, n, limit, out);
-  return cudaGetLastError();
-}
-
-cudaError_t clamped_swiglu_pairs(const float* gate_up, int64_t rows, int64_t n, float limit, float* out,
-                                 cudaStream_t stream) {
-  if (rows == 0 || n == 0) return cudaSuccess;
-  clamped_swiglu_pairs_kernel<<<blocks_for(rows * n), kThreads, 0, stream>>>(gate_up, n, rows * n, limit, out);
   return cudaGetLastError();
 }
 

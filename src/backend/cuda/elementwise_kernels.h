@@ -18,9 +18,6 @@ cudaError_t scatter_rows(const float* src, const int32_t* rows, int64_t num_rows
 // out = silu(min(gate, limit)) * clamp(up, -limit, limit), over n elements.
 cudaError_t clamped_swiglu(const float* gate, const float* up, int64_t n, float limit, float* out,
                            cudaStream_t stream);
-// The same over interleaved rows: gate_up [rows, 2, n] (row r's gate, then its up), out [rows, n].
-cudaError_t clamped_swiglu_pairs(const float* gate_up, int64_t rows, int64_t n, float limit, float* out,
-                                 cudaStream_t stream);
 cudaError_t sigmoid(float* x, int64_t n, cudaStream_t stream);
 cudaError_t scale(float* x, int64_t n, float factor, cudaStream_t stream);
 // y += x

@@ -6,6 +6,7 @@
 #include "backend/cuda/exl3_kernels.h"
 #include "backend/cuda/hadamard_warp.cuh"
 #include "backend/cuda/mma.cuh"
+#include "backend/cuda/swiglu.cuh"
 
 namespace kestrel::cuda {
 
@@ -15,6 +16,7 @@ constexpr int kTokensPerPass = 16;  // two mma token groups
 constexpr int kTokensPerGroup = 8;  // the N of one mma.m16n8k16
 constexpr int kWarpsPerBlock = 8;   // 8 strips of 16 columns: one 128-column output Hadamard block
 constexpr int kTilesInFlight = 8;   // a slice is a multiple of 8 tiles, so groups never run past its end
+constexpr int kStages = 2;         // groups of tiles in registers: one multiplied while the next loads
 constexpr int64_t kMaxSliceTiles = 64;
 constexpr int kRowPadWords = 16;    // added to each token's shared-memory row: rows start 64 bytes (16 banks) apart
 
@@ -58,6 +60,12 @@ __device__ __forceinline__ void load_tile(const uint32_t* record, int lane, int 
   }
 }
 
+// The words of kTilesInFlight tiles that one lane holds.
+template <int Bits>
+struct TileGroup {
+  uint32_t words[kTilesInFlight][kLaneWords<Bits>];
+};
+
 template <int Bits>
 __device__ __forceinline__ void tile_states(const uint32_t (&raw)[kLaneWords<Bits>], int lane, int shift,
                                             uint32_t (&state)[8]) {
@@ -89,9 +97,10 @@ __device__ __forceinline__ void tile_states(const uint32_t (&raw)[kLaneWords<Bit
 // One launch per 16 tokens. Block (c, s) owns output columns [128c, 128c + 128), one output Hadamard block, and k
 // slice s (a multiple of 128 rows, one or more input Hadamard blocks):
 //  1. it rotates its slice of the inputs, (x ⊙ suh)·H128 per block, into shared memory as fp16, each value twice;
-//  2. warp w multiplies the 16-column tile strip 8c + w of Ŵ by them on the tensor cores, the weights as the A
-//     operand (16 output columns x 16 k) and the tokens as B (8 per mma). A tile's trellis positions are stored in
-//     mma B-fragment order (exl3::tile_coord): lane l's states 8l..8l+7 are the elements (k, n) with
+//  2. warp w multiplies the 16-column tile strip 8c + w of Ŵ by them on the tensor cores (the next 8 tiles' words
+//     loading while 8 multiply), the weights as the A operand (16 output columns x 16 k) and the tokens as B (8 per
+//     mma). A tile's trellis positions are stored in mma B-fragment order (exl3::tile_coord): lane l's states
+//     8l..8l+7 are the elements (k, n) with
 //     k in 2(l%4) + {0, 1, 8, 9}, n in l/4 + {0, 8}, which are also exactly the rows and columns of the A fragment
 //     of lane l in the transposed product. Each register of A holds one state's codebook word, two fp16 halves
 //     whose sum is the weight, so the matching pair of B rows holds the same input twice: one tile is two mma
@@ -106,7 +115,9 @@ struct GemvParams {
   const int32_t* ids;
   int64_t id_group, table_stride;
   int64_t x_group;              // slot z reads input row z / x_group
-  const float* x;
+  const float* x;               // with swiglu, row r is the (gate, up) pair of rows 2r, 2r + 1: Exl3SlotInput
+  bool swiglu;
+  float swiglu_limit;
   float* y;
   float* partial;      // per slot: [splits, num_tokens, out_padded]
   unsigned* counters;  // per slot: [out_padded / 128], zero between launches
@@ -130,7 +141,8 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) trellis_gemv(GemvParams p
   const int64_t tiles_k = p.in_padded / 16, tiles_n = p.out_padded / 16;
   const int64_t z = blockIdx.z;
   const Exl3MatrixRef m = p.table ? p.table[p.ids[z / p.id_group] * p.table_stride + z % p.id_group] : p.matrix;
-  const float* x = p.x + z / p.x_group * p.in_features;
+  const int64_t x_row = p.swiglu ? 2 * p.in_features : p.in_features;  // floats from one input row to the next
+  const float* x = p.x + z / p.x_group * x_row;
   float* y = p.y + z * p.out_features;
   float* partial = p.partial + z * p.splits * p.num_tokens * p.out_padded;
   unsigned* counters = p.counters + z * (p.out_padded / 128);
@@ -138,18 +150,25 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) trellis_gemv(GemvParams p
   const int64_t a_begin = slice * p.slice_tiles, a_end = min(tiles_k, a_begin + p.slice_tiles);
   const int64_t stride = p.slice_tiles * 16 + kRowPadWords;
 
-  // 0. The strip's tiles of this slice are requested into L2 at once, one tile per lane (a warp's loads below keep
-  // only kTilesInFlight tiles outstanding: the compiler issues them at the end of the previous group, so without
-  // this a warp waits out the HBM latency once per group). The requests also overlap the input rotation.
   const int64_t strip = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + warp;
   const uint32_t* strip_words = m.trellis + strip * kWords;
   const int64_t tile_words = tiles_n * kWords;  // from one k tile of the strip to the next
-  for (int64_t a = a_begin + lane; a < a_end; a += 32) {
-    const uintptr_t begin = reinterpret_cast<uintptr_t>(strip_words + a * tile_words);
-    for (uintptr_t line = begin & ~uintptr_t{127}; line < begin + 4 * kWords; line += 128) {
-      asm volatile("prefetch.global.L2 [%0];" ::"l"(line));
+  const int first_bit = (8 * lane + 1) * Bits - 16 + kStreamBits;  // made positive: the stream is circular
+  const int first_word = (first_bit >> 5) % kWords, shift = first_bit & 31;
+  using GroupWords = TileGroup<Bits>;
+  const auto load_group = [&](int64_t group, GroupWords& raw) {
+    if (group >= a_end) return;
+#pragma unroll
+    for (int u = 0; u < kTilesInFlight; ++u) {
+      load_tile<Bits>(strip_words + (group + u) * tile_words, lane, first_word, raw.words[u]);
     }
-  }
+  };
+  // 0. The strip's first group of tiles is requested before the input rotation, so that its latency overlaps it.
+  // (Requesting the whole slice into L2 up front instead, with prefetch.global.L2, made every shape slower on the
+  // H100 once the loads are pipelined: 24.5 against 21.2 µs for 4096 -> 12288, docs/benchmarks/cuda_linear.md.)
+  GroupWords words[kStages];
+#pragma unroll
+  for (int s = 0; s + 1 < kStages; ++s) load_group(a_begin + s * kTilesInFlight, words[s]);
 
   // 1. This slice's rotated inputs: one warp per (token, 128-row block).
   const int64_t row_blocks = (a_end - a_begin) / 8;
@@ -158,7 +177,10 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) trellis_gemv(GemvParams p
     float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     for (int j = 0; j < 4; ++j) {
       const int64_t i = a_begin * 16 + row + j;
-      if (i < p.in_features) v[j] = x[t * p.in_features + i] * __half2float(__ushort_as_half(m.suh[i]));
+      if (i >= p.in_features) continue;
+      const float* row_x = x + t * x_row;
+      const float value = p.swiglu ? clamped_swiglu_of(row_x[i], row_x[p.in_features + i], p.swiglu_limit) : row_x[i];
+      v[j] = value * __half2float(__ushort_as_half(m.suh[i]));
     }
     hadamard128_warp(v);
     for (int j = 0; j < 4; ++j) {
@@ -170,9 +192,7 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) trellis_gemv(GemvParams p
   }
   __syncthreads();
 
-  // 2. The strip's partial sums over this slice, on the tensor cores.
-  const int first_bit = (8 * lane + 1) * Bits - 16 + kStreamBits;  // made positive: the stream is circular
-  const int first_word = (first_bit >> 5) % kWords, shift = first_bit & 31;
+  // 2. The strip's partial sums over this slice, on the tensor cores, kStages - 1 groups of tiles ahead in flight.
   const int quad = lane % 4;
   // B fragments: token l/4 of each group (absent tokens get zeros: their output columns are never written).
   bool present[Groups];
@@ -184,14 +204,11 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) trellis_gemv(GemvParams p
     b_row[g] = reinterpret_cast<const uint4*>(doubled + min(t, p.num_tokens - 1) * stride) + quad;
   }
   float acc[Groups][4] = {};  // per group: columns (l/4, l/4 + 8) x tokens 2(l%4) + {0, 1}
-  for (int64_t group = a_begin; group < a_end; group += kTilesInFlight) {
-    uint32_t raw[kTilesInFlight][kLaneWords<Bits>];
-#pragma unroll
-    for (int u = 0; u < kTilesInFlight; ++u) load_tile<Bits>(strip_words + (group + u) * tile_words, lane, first_word, raw[u]);
+  const auto multiply_group = [&](int64_t group, const GroupWords& raw) {
 #pragma unroll
     for (int u = 0; u < kTilesInFlight; ++u) {
       uint32_t state[8];
-      tile_states<Bits>(raw[u], lane, shift, state);
+      tile_states<Bits>(raw.words[u], lane, shift, state);
       uint32_t w[8];
 #pragma unroll
       for (int j = 0; j < 8; ++j) w[j] = codebook_word<Codebook>(state[j]);
@@ -201,6 +218,17 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) trellis_gemv(GemvParams p
         mma_16x8x16<MmaInput::f16>(acc[g], w[0], w[4], w[1], w[5], b.x, b.y);
         mma_16x8x16<MmaInput::f16>(acc[g], w[2], w[6], w[3], w[7], b.z, b.w);
       }
+    }
+  };
+  // The stages rotate through the registers by unrolling: stage s multiplies words[s] after requesting the group
+  // kStages - 1 ahead into the buffer the previous stage freed.
+  for (int64_t group = a_begin; group < a_end; group += kStages * kTilesInFlight) {
+#pragma unroll
+    for (int s = 0; s < kStages; ++s) {
+      const int64_t current = group + s * kTilesInFlight;
+      if (current >= a_end) break;
+      load_group(current + (kStages - 1) * kTilesInFlight, words[(s + kStages - 1) % kStages]);
+      multiply_group(current, words[s]);
     }
   }
 #pragma unroll
@@ -382,6 +410,8 @@ GemvParams params_for(const Exl3DeviceView& m, const Exl3Plan& plan, const float
                     .table_stride = 1,
                     .x_group = 1,
                     .x = x,
+                    .swiglu = false,
+                    .swiglu_limit = 0.0f,
                     .y = y,
                     .partial = scratch,
                     .counters = counters,
@@ -431,19 +461,21 @@ cudaError_t exl3_linear(const Exl3DeviceView& m, const Exl3Plan& plan, const flo
 }
 
 cudaError_t exl3_slot_linear(const Exl3DeviceView& shape, const Exl3Plan& plan, const Exl3SlotTable& table,
-                             int64_t slots, const float* x, int64_t x_group, float* y, float* scratch,
+                             int64_t slots, const Exl3SlotInput& input, float* y, float* scratch,
                              unsigned* counters, cudaStream_t stream) {
   if (slots == 0) return cudaSuccess;
-  if (!launchable(shape) || x_group < 1 || slots > 65535 || table.id_group < 1 ||
+  if (!launchable(shape) || input.group < 1 || slots > 65535 || table.id_group < 1 ||
       table.stride < table.id_group) {
     return cudaErrorInvalidValue;
   }
-  GemvParams p = params_for(shape, plan, x, y, scratch, counters);
+  GemvParams p = params_for(shape, plan, input.x, y, scratch, counters);
+  p.x_group = input.group;
+  p.swiglu = input.swiglu;
+  p.swiglu_limit = input.swiglu_limit;
   p.table = table.matrices;
   p.ids = table.ids;
   p.id_group = table.id_group;
   p.table_stride = table.stride;
-  p.x_group = x_group;
   with_format(shape.bits, shape.codebook, [&](auto bits, auto codebook) {
     launch_gemv<decltype(bits)::value, decltype(codebook)::value>(p, 1, slots, stream);
   });

@@ -57,13 +57,23 @@ struct Exl3SlotTable {
   int64_t id_group = 1, stride = 1;
 };
 
+// What the slots of exl3_slot_linear multiply: slot s reads row s / group of x. With swiglu, row r is the pair of
+// rows 2r (gate) and 2r + 1 (up) of x, each in_features wide, and the input is clamped_swiglu(gate, up,
+// swiglu_limit) elementwise: the MoE down projection reading the gate and up launch's output directly.
+struct Exl3SlotInput {
+  const float* x = nullptr;
+  int64_t group = 1;
+  bool swiglu = false;
+  float swiglu_limit = 0.0f;
+};
+
 // The routed-expert form, one launch for all slots (a slot is one token's use of one expert matrix): for s in
-// [0, slots), y[s, out_features] = x[s / x_group, in_features] W^T with W the table's matrix of slot s. All the
-// table's matrices have `shape`'s size, bits and codebook (its pointers are not used). Scratch and counters are per
-// slot: slots times exl3_slot_scratch_floats / exl3_counter_count. At most 65535 slots.
+// [0, slots), y[s, out_features] = input(s) W^T with W the table's matrix of slot s. All the table's matrices have
+// `shape`'s size, bits and codebook (its pointers are not used). Scratch and counters are per slot: slots times
+// exl3_slot_scratch_floats / exl3_counter_count. At most 65535 slots.
 cudaError_t exl3_slot_linear(const Exl3DeviceView& shape, const Exl3Plan& plan, const Exl3SlotTable& table,
-                             int64_t slots, const float* x, int64_t x_group, float* y, float* scratch,
-                             unsigned* counters, cudaStream_t stream);
+                             int64_t slots, const Exl3SlotInput& input, float* y, float* scratch, unsigned* counters,
+                             cudaStream_t stream);
 
 // The large-batch form (exllamav3 reconstructs too): Ŵ decoded once per call into fp16 [in_padded, out_padded]
 // row-major (exl3_decode_rotated, bit-exact with exl3::decode_rotated), the inputs rotated into fp16 [T, in_padded]
