@@ -16,6 +16,7 @@
 
 #include "backend/dsa_selection.h"
 #include "backend/linear_weight.h"
+#include "base/error.h"
 #include "engine/paged_rows.h"
 
 namespace kestrel {
@@ -149,6 +150,13 @@ public:
 
   // y[T, out] = x[T, in] W^T
   virtual void linear(const float* x, int64_t num_tokens, const LinearWeight& weight, float* y) = 0;
+  // ys[i][T, out_i] = x[T, in] weights[i]^T for weights sharing x (a layer's q, k and v projections), which a
+  // backend may run as one pass; by default one linear() each.
+  virtual void linears(const float* x, int64_t num_tokens, std::span<const LinearWeight* const> weights,
+                       std::span<float* const> ys) {
+    require(weights.size() == ys.size(), "{} matrices for {} outputs", weights.size(), ys.size());
+    for (size_t i = 0; i < weights.size(); ++i) linear(x, num_tokens, *weights[i], ys[i]);
+  }
   // out[T, hidden] = rows `ids` of the embedding table (ids in [0, rows), checked by the caller)
   virtual void embed(const int32_t* ids, int64_t num_tokens, const LinearWeight& table, float* out) = 0;
   // y = x / sqrt(mean(x^2) + eps) * weight (weight may be null: unweighted), over rows of width n

@@ -178,11 +178,16 @@ void Glm5NextModel::kda_block(Workspace& ws, const KdaWeights& w, int64_t layer,
   float* q = ws.floats(T * C);
   float* k = ws.floats(T * C);
   float* v = ws.floats(T * C);
+  float* f_low = ws.floats(T * Dh);
+  float* beta = ws.floats(T * H);
+  float* gate_low = ws.floats(T * Dh);
   {
+    // Every projection of x at once (the backend may run them as one pass); the forget gate's and the output
+    // gate's low ranks and the write strength are used below.
     const ProfileScope part(profile_, backend_, "kda projections");
-    backend_.linear(x, T, w.q_proj, q_in);
-    backend_.linear(x, T, w.k_proj, k_in);
-    backend_.linear(x, T, w.v_proj, v_in);
+    const LinearWeight* weights[] = {&w.q_proj, &w.k_proj, &w.v_proj, &w.f_a_proj, &w.b_proj, &w.g_a_proj};
+    float* const outputs[] = {q_in, k_in, v_in, f_low, beta, gate_low};
+    backend_.linears(x, T, weights, outputs);
   }
   // A decode step of several sequences (one token each, rows in call order) runs as batched ops.
   const bool steps = calls.size() > 1 && std::all_of(calls.begin(), calls.end(), [&](const CallRows& call) {
@@ -210,18 +215,14 @@ void Glm5NextModel::kda_block(Workspace& ws, const KdaWeights& w, int64_t layer,
   }
 
   // Forget gate g [T, H, Dh] (log-decay per key channel) and write strength beta [T, H].
-  float* f_low = ws.floats(T * Dh);
   float* f = ws.floats(T * C);
   float* g = ws.floats(T * C);
-  float* beta = ws.floats(T * H);
   {
     const ProfileScope part(profile_, backend_, "kda projections");
-    backend_.linear(x, T, w.f_a_proj, f_low);
     backend_.linear(f_low, T, w.f_b_proj, f);
     const float lower_bound = c.linear_lower_bound ? static_cast<float>(*c.linear_lower_bound) : 0.0f;
     backend_.kda_gate(f, T, H, Dh, w.a_log.data(), w.dt_bias.data(), c.linear_lower_bound ? &lower_bound : nullptr,
                       g);
-    backend_.linear(x, T, w.b_proj, beta);
     backend_.sigmoid(beta, T * H);
   }
 
@@ -249,11 +250,9 @@ void Glm5NextModel::kda_block(Workspace& ws, const KdaWeights& w, int64_t layer,
   }
 
   // Output gate: per-head RMSNorm of the attended values times sigmoid(g_b(g_a(x))), then o_proj.
-  float* gate_low = ws.floats(T * Dh);
   float* gate = ws.floats(T * C);
   float* gated = ws.floats(T * C);
   const ProfileScope part(profile_, backend_, "kda projections");
-  backend_.linear(x, T, w.g_a_proj, gate_low);
   backend_.linear(gate_low, T, w.g_b_proj, gate);
   backend_.gated_rms_norm(attended, gate, T * H, Dh, w.o_norm.data(), static_cast<float>(c.rms_norm_eps), gated);
   backend_.linear(gated, T, w.o_proj, out);
@@ -273,10 +272,11 @@ void Glm5NextModel::mla_block(Workspace& ws, const MlaWeights& w, int64_t layer,
   float* kv_low = ws.floats(T * rank);
   {
     const ProfileScope part(profile_, backend_, "mla projections");
-    backend_.linear(x, T, w.q_a_proj, q_low);
+    const LinearWeight* weights[] = {&w.q_a_proj, &w.kv_a_proj};
+    float* const outputs[] = {q_low, kv_low};
+    backend_.linears(x, T, weights, outputs);
     backend_.rms_norm(q_low, T, c.q_lora_rank, w.q_a_norm.data(), eps, q_resid);
     backend_.linear(q_resid, T, w.q_b_proj, query);
-    backend_.linear(x, T, w.kv_a_proj, kv_low);
   }
   for (const CallRows& call : calls) {
     const ProfileScope part(profile_, backend_, "mla cache appends");
@@ -297,10 +297,10 @@ void Glm5NextModel::mla_block(Workspace& ws, const MlaWeights& w, int64_t layer,
     float* iw = ws.floats(T * IH);
     {
       const ProfileScope part(profile_, backend_, "dsa indexer projections");
-      backend_.linear(x, T, ix.wk, keys);
-      backend_.linear(x, T, ix.compress_gate, gates);
+      const LinearWeight* weights[] = {&ix.wk, &ix.compress_gate, &ix.weights_proj};
+      float* const outputs[] = {keys, gates, iw};
+      backend_.linears(x, T, weights, outputs);
       backend_.linear(q_resid, T, ix.wq_b, iq);
-      backend_.linear(x, T, ix.weights_proj, iw);
       backend_.scale(iw, T * IH, 1.0f / std::sqrt(static_cast<float>(IH)));
     }
     for (const CallRows& call : calls) {
@@ -369,8 +369,9 @@ void Glm5NextModel::mlp_block(Workspace& ws, const MlpWeights& w, const float* x
   float* gate = ws.floats(T * I);
   float* up = ws.floats(T * I);
   float* hidden = ws.floats(T * I);
-  backend_.linear(x, T, w.gate_proj, gate);
-  backend_.linear(x, T, w.up_proj, up);
+  const LinearWeight* weights[] = {&w.gate_proj, &w.up_proj};
+  float* const outputs[] = {gate, up};
+  backend_.linears(x, T, weights, outputs);
   backend_.clamped_swiglu(gate, up, T, I, static_cast<float>(config_.swiglu_limit), hidden);
   backend_.linear(hidden, T, w.down_proj, out);
 }

@@ -8,6 +8,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "indexer_selection.h"
+#include "base/error.h"
 #include "base/numeric.h"
 
 namespace kestrel {
@@ -100,6 +101,26 @@ TEST_P(LinearFormatTest, MatchesFloat64ProductOfStoredValues) {
       ASSERT_NEAR(y[static_cast<size_t>(t * rows + r)], expected, 1e-4 * (1.0 + std::fabs(expected))) << t << "," << r;
     }
   }
+}
+
+// Backend::linears (matrices sharing an input, which the CUDA backend runs as one launch): each output equals its
+// own linear(), and a count of outputs that does not match the matrices is an Error, not a write past the list.
+TEST(LinearsTest, EachOutputIsItsOwnLinearAndMismatchedCountsAreRefused) {
+  const int64_t cols = 300, tokens = 2;
+  const StoredMatrix a = store(random_values(static_cast<size_t>(200 * cols), 3, 0.05f), 200, cols, DType::bf16);
+  const StoredMatrix b = store(random_values(static_cast<size_t>(17 * cols), 4, 0.05f), 17, cols, DType::f32);
+  const std::vector<float> x = random_values(static_cast<size_t>(tokens * cols), 5);
+  CpuBackend backend;
+  std::vector<float> ya(static_cast<size_t>(tokens * 200)), yb(static_cast<size_t>(tokens * 17));
+  const LinearWeight* weights[] = {&a.weight, &b.weight};
+  float* const outputs[] = {ya.data(), yb.data()};
+  backend.linears(x.data(), tokens, weights, outputs);
+  std::vector<float> alone_a(ya.size()), alone_b(yb.size());
+  backend.linear(x.data(), tokens, a.weight, alone_a.data());
+  backend.linear(x.data(), tokens, b.weight, alone_b.data());
+  EXPECT_EQ(ya, alone_a);
+  EXPECT_EQ(yb, alone_b);
+  EXPECT_THROW(backend.linears(x.data(), tokens, weights, std::span<float* const>(outputs, 1)), Error);
 }
 
 INSTANTIATE_TEST_SUITE_P(Formats, LinearFormatTest,

@@ -88,10 +88,10 @@ TEST(CudaLinearTest, Exl3ResultsDoNotDependOnTiming) {
 
 TEST(CudaLinearTest, Exl3WideMatrixWithLongSlicesMatchesCpu) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  // More 16-column strips than 32 per SM: one k slice of 64 tiles per column block, whose 16 tokens' doubled inputs
+  // More 16-column strips than 48 per SM: one k slice of 64 tiles per column block, whose 16 tokens' doubled inputs
   // (66.5 KB) need the kernel's opt-in past 48 KB of shared memory.
   const int sm_count = device_info(0).sm_count;
-  const int64_t in = 1024, out = 16 * 32 * int64_t{sm_count} + 128;
+  const int64_t in = 1024, out = 16 * 48 * int64_t{sm_count} + 128;
   const Exl3Plan plan = exl3_plan(Exl3DeviceView{.bits = 4, .in_features = in, .out_features = out, .in_padded = in,
                                                  .out_padded = out},
                                   sm_count);
@@ -163,6 +163,51 @@ TEST(CudaLinearTest, Bf16GemmPathMatchesCpu) {
         EXPECT_LT(relative_difference(gpu_linear(weight, x, tokens, &gemm), cpu_linear(weight, x, tokens)),
                   kDenseTolerance)
             << "in " << in << " out " << out << " tokens " << tokens;
+      }
+    }
+  }
+}
+
+// Matrices sharing an input: the bf16 ones on the GEMV go through one grouped launch (rows of several sizes, one not
+// a multiple of the 128-row block, k split at in = 4096), the others (f32, and bf16 at the GEMM's token counts) one
+// forward each; every output matches the CPU.
+TEST(CudaLinearTest, MatricesSharingAnInputMatchCpuGroupedOrNot) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  Gemm gemm;
+  for (const int64_t in : {512, 4096}) {
+    const int64_t outs[] = {1000, 77, 8192, 64};
+    std::vector<std::vector<uint16_t>> bf16;
+    std::vector<LinearWeight> weights;
+    for (const int64_t out : outs) {
+      const std::vector<float> w = random_values(static_cast<size_t>(out * in), static_cast<uint32_t>(out));
+      bf16.emplace_back(w.size());
+      for (size_t i = 0; i < w.size(); ++i) bf16.back()[i] = f32_to_bf16(w[i]);
+    }
+    const std::vector<float> f32 = random_values(static_cast<size_t>(300 * in), 5);
+    for (size_t m = 0; m < bf16.size(); ++m) {
+      weights.push_back(LinearWeight{.name = "bf16", .dtype = DType::bf16, .out_features = outs[m],
+                                     .in_features = in, .data = reinterpret_cast<const std::byte*>(bf16[m].data())});
+    }
+    weights.push_back(LinearWeight{.name = "f32", .dtype = DType::f32, .out_features = 300, .in_features = in,
+                                   .data = reinterpret_cast<const std::byte*>(f32.data())});
+    std::vector<DeviceLinear> linears;
+    for (const LinearWeight& weight : weights) linears.push_back(DeviceLinear::upload(weight, device_info(0).sm_count));
+    std::vector<const DeviceLinear*> placed;
+    for (const DeviceLinear& linear : linears) placed.push_back(&linear);
+    for (const int64_t tokens : {1, 5, 16, 17, 40}) {
+      const std::vector<float> x = random_values(static_cast<size_t>(tokens * in), 11);
+      const DeviceBuffer x_dev = testing::to_device(x);
+      std::vector<DeviceBuffer> ys;
+      std::vector<float*> y_ptrs;
+      for (const LinearWeight& weight : weights) {
+        ys.emplace_back(static_cast<size_t>(tokens * weight.out_features) * sizeof(float));
+        y_ptrs.push_back(ys.back().as<float>());
+      }
+      Scratch scratch;
+      DeviceLinear::forward_shared_input(placed, x_dev.as<float>(), tokens, y_ptrs, scratch, &gemm, nullptr);
+      for (size_t m = 0; m < weights.size(); ++m) {
+        EXPECT_LT(relative_difference(testing::to_host(ys[m]), cpu_linear(weights[m], x, tokens)), kDenseTolerance)
+            << weights[m].name << " " << weights[m].out_features << " x " << in << ", " << tokens << " tokens";
       }
     }
   }

@@ -39,7 +39,8 @@ struct PlacedExperts final : PlacedWeight {
 // Above this many tokens an MoE call groups its tokens by expert (CudaBackend::moe_experts). At 64 tokens of
 // GLM-5.3-Flash's layer the fused path takes 3.7 ms and the grouped one 11.3 ms (H100, docs/benchmarks/cuda_linear.md).
 constexpr int64_t kFusedMoeMaxTokens = 64;
-// Up to this many tokens an mHC site is one launch (CudaBackend::mhc_site): the fused kernel reads fn once per token.
+// Up to this many tokens an mHC site is the fused pair of launches (CudaBackend::mhc_site), which reads fn once per
+// token.
 constexpr int64_t kFusedSiteMaxTokens = 16;
 
 DevicePagedRows device_rows(const PagedRows& rows) {
@@ -184,6 +185,13 @@ void CudaBackend::linear(const float* x, int64_t num_tokens, const LinearWeight&
   placed_linear(weight).forward(x, num_tokens, y, linear_scratch_, &gemm_, stream_);
 }
 
+void CudaBackend::linears(const float* x, int64_t num_tokens, std::span<const LinearWeight* const> weights,
+                          std::span<float* const> ys) {
+  std::vector<const DeviceLinear*> placed;
+  for (const LinearWeight* weight : weights) placed.push_back(&placed_linear(*weight));
+  DeviceLinear::forward_shared_input(placed, x, num_tokens, ys, linear_scratch_, &gemm_, stream_);
+}
+
 void CudaBackend::embed(const int32_t* ids, int64_t num_tokens, const LinearWeight& table, float* out) {
   placed_linear(table).gather_rows(ids, num_tokens, out, stream_);
 }
@@ -237,10 +245,6 @@ void CudaBackend::mhc_site(const MhcShape& shape, const MhcPendingPost* pending,
     Backend::mhc_site(shape, pending, weights, norm_weight, streams, post, comb, collapsed, normed);
     return;
   }
-  if (site_counters_.size() == 0) {
-    site_counters_ = DeviceBuffer(kFusedSiteMaxTokens * sizeof(unsigned));
-    check(cudaMemsetAsync(site_counters_.data(), 0, site_counters_.size(), stream_), "site counters");
-  }
   const int64_t T = shape.num_tokens;
   float* partials = scratch_b_.floats(static_cast<size_t>(mhc_site_scratch_floats(T, shape.hc_mult, shape.hidden)));
   check(cuda::mhc_site(MhcSiteArgs{.num_tokens = T,
@@ -262,8 +266,7 @@ void CudaBackend::mhc_site(const MhcShape& shape, const MhcPendingPost* pending,
                                    .comb = comb,
                                    .collapsed = collapsed,
                                    .normed = normed,
-                                   .partials = partials,
-                                   .counters = site_counters_.as<unsigned>()},
+                                   .partials = partials},
                        stream_),
         "mhc_site launch");
 }

@@ -49,6 +49,8 @@ public:
   std::shared_ptr<const PlacedWeight> place_experts(const std::vector<ExpertWeights>& experts) override;
 
   void linear(const float* x, int64_t num_tokens, const LinearWeight& weight, float* y) override;
+  void linears(const float* x, int64_t num_tokens, std::span<const LinearWeight* const> weights,
+               std::span<float* const> ys) override;
   void embed(const int32_t* ids, int64_t num_tokens, const LinearWeight& table, float* out) override;
   void rms_norm(const float* x, int64_t rows, int64_t n, const float* weight, float eps, float* y) override;
   void layer_norm(const float* x, int64_t rows, int64_t n, const float* weight, const float* bias, float eps,
@@ -100,7 +102,6 @@ private:
   DeviceBuffer int_scratch_;  // the by-expert MoE path's token and slot lists
   PinnedBuffer read_back_;    // what read_back returns (the logits each step)
   Gemm gemm_;                 // prefill-sized linears on the tensor cores (cuBLASLt, when it loads)
-  DeviceBuffer site_counters_;  // the fused mHC site's per-token counters, zero between launches
   // Matrices placed once per checkpoint tensor (a tied head is the embedding's copy).
   std::map<const std::byte*, std::weak_ptr<const PlacedWeight>> placed_by_data_;
   size_t placed_bytes_ = 0;

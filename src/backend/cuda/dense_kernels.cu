@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "backend/cuda/dense_kernels.h"
+#include "backend/cuda/dependent_launch.cuh"
 #include "backend/cuda/mma.cuh"
 
 namespace kestrel::cuda {
@@ -171,24 +172,46 @@ constexpr int kMmaPlaneRow = kMmaStageK + 32;  // bf16 per token row: rows 64 by
 
 size_t mma_shared_bytes(int groups) { return static_cast<size_t>(3 * 8 * groups * kMmaPlaneRow) * 2; }
 
+// The matrices of one launch (one, or several sharing the input): block x-index b runs matrix m for b in
+// [first_block[m], first_block[m + 1]); with k split, matrix m's sums are rows [first_row[m], first_row[m + 1]) of the
+// partial sums' rows.
+struct MmaGroup {
+  const __nv_bfloat16* weight[kMaxDenseGroup];
+  int64_t out_features[kMaxDenseGroup];
+  float* y[kMaxDenseGroup];
+  int64_t first_block[kMaxDenseGroup + 1];
+  int64_t first_row[kMaxDenseGroup + 1];
+  int count;
+};
+
+// The member whose range [first[m], first[m + 1]) holds `index`.
+__device__ __forceinline__ int member_of(const int64_t (&first)[kMaxDenseGroup + 1], int count, int64_t index) {
+  int m = 0;
+  while (m + 1 < count && index >= first[m + 1]) ++m;
+  return m;
+}
+
 template <int Groups>
 __global__ void __launch_bounds__(32 * kWarpsPerBlock)
-    bf16_mma_gemv(const __nv_bfloat16* weight, int64_t out_features, int64_t in_features, const float* x,
-                  int num_tokens, float* y, int64_t split_k, float* partial) {
+    bf16_mma_gemv(const __grid_constant__ MmaGroup group, int64_t in_features, const float* x, int num_tokens,
+                  int64_t split_k, float* partial) {
   constexpr int kRows = 8 * Groups;  // token rows per plane
   extern __shared__ uint4 mma_planes[];
   __nv_bfloat16* planes = reinterpret_cast<__nv_bfloat16*>(mma_planes);  // [3][kRows][kMmaPlaneRow]
   const int warp = static_cast<int>(threadIdx.x / 32), lane = static_cast<int>(threadIdx.x & 31u);
   const int g = lane / 4, t = lane % 4;
-  const int64_t first_row = (static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + warp) * 16;
+  const int member = member_of(group.first_block, group.count, blockIdx.x);
+  const __nv_bfloat16* weight = group.weight[member];
+  const int64_t out_features = group.out_features[member];
+  const int64_t first_row =
+      ((static_cast<int64_t>(blockIdx.x) - group.first_block[member]) * kWarpsPerBlock + warp) * 16;
   const int64_t k_begin = blockIdx.y * split_k, k_end = min(in_features, k_begin + split_k);
   // Rows past the matrix read its last row; their sums are never written.
   const uint4* row_a = reinterpret_cast<const uint4*>(weight + min(first_row + g, out_features - 1) * in_features);
   const uint4* row_b = reinterpret_cast<const uint4*>(weight + min(first_row + g + 8, out_features - 1) * in_features);
   float acc[Groups][4] = {};
-  for (int64_t k0 = k_begin; k0 < k_end; k0 += kMmaStageK) {
-    const int chunks = static_cast<int>(min(static_cast<int64_t>(kMmaStageK), k_end - k0) / 32);
-    uint4 a[kMmaChunks][2];
+  uint4 a[kMmaChunks][2];
+  const auto load_stage = [&](int64_t k0, int chunks) {
     const uint4* stage_a = row_a + k0 / 8 + t;
     const uint4* stage_b = row_b + k0 / 8 + t;
 #pragma unroll
@@ -198,6 +221,16 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
         a[c][1] = __ldcs(stage_b + 4 * c);
       }
     }
+  };
+  const auto stage_chunks = [&](int64_t k0) {
+    return static_cast<int>(min(static_cast<int64_t>(kMmaStageK), k_end - k0) / 32);
+  };
+  // The first stage's weights are requested before waiting for the previous kernel (launch_dependent).
+  if (k_begin < k_end) load_stage(k_begin, stage_chunks(k_begin));
+  wait_for_previous_grid();
+  for (int64_t k0 = k_begin; k0 < k_end; k0 += kMmaStageK) {
+    const int chunks = stage_chunks(k0);
+    if (k0 != k_begin) load_stage(k0, chunks);
     __syncthreads();  // the previous stage's planes are no longer read
     for (int i = static_cast<int>(threadIdx.x); i < kRows * kMmaStageK / 4; i += 32 * kWarpsPerBlock) {
       const int n = i / (kMmaStageK / 4), k = i % (kMmaStageK / 4) * 4;
@@ -218,32 +251,51 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
     for (int c = 0; c < kMmaChunks; ++c) {
       if (c >= chunks) break;
 #pragma unroll
-      for (int group = 0; group < Groups; ++group) {
+      for (int token_group = 0; token_group < Groups; ++token_group) {
 #pragma unroll
         for (int term = 0; term < 3; ++term) {
-          const uint4 b = *reinterpret_cast<const uint4*>(planes + (term * kRows + 8 * group + g) * kMmaPlaneRow +
-                                                          32 * c + 8 * t);
-          mma_16x8x16<MmaInput::bf16>(acc[group], a[c][0].x, a[c][1].x, a[c][0].y, a[c][1].y, b.x, b.y);
-          mma_16x8x16<MmaInput::bf16>(acc[group], a[c][0].z, a[c][1].z, a[c][0].w, a[c][1].w, b.z, b.w);
+          const uint4 b = *reinterpret_cast<const uint4*>(
+              planes + (term * kRows + 8 * token_group + g) * kMmaPlaneRow + 32 * c + 8 * t);
+          mma_16x8x16<MmaInput::bf16>(acc[token_group], a[c][0].x, a[c][1].x, a[c][0].y, a[c][1].y, b.x, b.y);
+          mma_16x8x16<MmaInput::bf16>(acc[token_group], a[c][0].z, a[c][1].z, a[c][0].w, a[c][1].w, b.z, b.w);
         }
       }
     }
   }
-  float* out = gridDim.y == 1 ? y : partial + blockIdx.y * num_tokens * out_features;  // sum_splits' layout
+  // Unsplit: y[token, row]; split: partial[split, token, first_row[member] + row] (sum_group_splits' layout).
+  const bool split = gridDim.y > 1;
+  const int64_t out_stride = split ? group.first_row[group.count] : out_features;
+  float* out = split ? partial + blockIdx.y * num_tokens * out_stride + group.first_row[member] : group.y[member];
 #pragma unroll
-  for (int group = 0; group < Groups; ++group) {
+  for (int token_group = 0; token_group < Groups; ++token_group) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int64_t row = first_row + g + (i >= 2 ? 8 : 0);
-      const int token = 8 * group + 2 * t + (i & 1);
-      if (row < out_features && token < num_tokens) out[token * out_features + row] = acc[group][i];
+      const int token = 8 * token_group + 2 * t + (i & 1);
+      if (row < out_features && token < num_tokens) out[token * out_stride + row] = acc[token_group][i];
     }
   }
 }
 
-// k splits of the tensor-core path: enough blocks for the GPU, whole stages per split.
-int64_t mma_split_count(int64_t out_features, int64_t in_features) {
-  const int64_t row_blocks = (out_features + kMmaRowsPerBlock - 1) / kMmaRowsPerBlock;
+// The group's outputs from its k splits' partial sums, added in split order (deterministic): element i of the
+// [num_tokens, rows] partial layout goes to its member's y.
+__global__ void __launch_bounds__(256) sum_group_splits(const float* partial, int64_t count, int splits,
+                                                        const __grid_constant__ MmaGroup group) {
+  wait_for_previous_grid();
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * 256 + threadIdx.x;
+  if (i >= count) return;
+  float sum = 0.0f;
+  for (int s = 0; s < splits; ++s) sum += partial[s * count + i];
+  const int64_t rows = group.first_row[group.count], token = i / rows, row = i % rows;
+  const int member = member_of(group.first_row, group.count, row);
+  group.y[member][token * group.out_features[member] + row - group.first_row[member]] = sum;
+}
+
+int64_t mma_row_blocks(int64_t out_features) { return (out_features + kMmaRowsPerBlock - 1) / kMmaRowsPerBlock; }
+
+// k splits of the tensor-core path for a launch of `row_blocks` row blocks: enough blocks for the GPU, whole stages
+// per split.
+int64_t mma_split_count(int64_t row_blocks, int64_t in_features) {
   const int64_t stages = (in_features + kMmaStageK - 1) / kMmaStageK;
   if (row_blocks >= kTargetBlocks || stages < 2) return 1;
   return std::min((kTargetBlocks + row_blocks - 1) / row_blocks, stages);
@@ -255,6 +307,7 @@ bool takes_mma_path(DenseWeightType type, int64_t in_features) {
 
 // y[t, row] = the k splits' partial sums added in split order (deterministic).
 __global__ void __launch_bounds__(256) sum_splits(const float* partial, int64_t count, int splits, float* y) {
+  wait_for_previous_grid();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * 256 + threadIdx.x;
   if (i >= count) return;
   float sum = 0.0f;
@@ -303,31 +356,39 @@ void launch(DenseWeightType type, const void* weight, int64_t out_features, int6
   }
 }
 
-// The tensor-core path: passes of up to 16 tokens (one or two mma token groups).
-void launch_mma(const void* weight, int64_t out_features, int64_t in_features, const float* x, int64_t num_tokens,
-                float* y, float* scratch, cudaStream_t stream) {
-  const int64_t splits = scratch != nullptr ? mma_split_count(out_features, in_features) : 1;
+// The tensor-core path for one matrix or a group sharing x: passes of up to 16 tokens (one or two mma token groups).
+void launch_mma(const DenseGroupMember* members, int count, int64_t in_features, const float* x, int64_t num_tokens,
+                float* scratch, cudaStream_t stream) {
+  MmaGroup group{};
+  group.count = count;
+  for (int m = 0; m < count; ++m) {
+    const DenseGroupMember& member = members[m];
+    group.weight[m] = static_cast<const __nv_bfloat16*>(member.weight);
+    group.out_features[m] = member.out_features;
+    group.y[m] = member.y;
+    group.first_block[m + 1] = group.first_block[m] + mma_row_blocks(member.out_features);
+    group.first_row[m + 1] = group.first_row[m] + member.out_features;
+  }
+  const int64_t row_blocks = group.first_block[group.count], rows = group.first_row[group.count];
+  const int64_t splits = scratch != nullptr ? mma_split_count(row_blocks, in_features) : 1;
   const int64_t stages = (in_features + kMmaStageK - 1) / kMmaStageK;
   const int64_t split_k = (stages + splits - 1) / splits * kMmaStageK;
   const int64_t used_splits = (in_features + split_k - 1) / split_k;
-  const dim3 grid(static_cast<unsigned>((out_features + kMmaRowsPerBlock - 1) / kMmaRowsPerBlock),
-                  static_cast<unsigned>(used_splits));
-  const auto* w = static_cast<const __nv_bfloat16*>(weight);
+  const dim3 grid(static_cast<unsigned>(row_blocks), static_cast<unsigned>(used_splits));
   for (int64_t t = 0; t < num_tokens; t += kMmaTokensPerPass) {
     const int n = static_cast<int>(std::min<int64_t>(kMmaTokensPerPass, num_tokens - t));
-    const float* xt = x + t * in_features;
-    float* yt = y + t * out_features;
-    if (n > 8) {
-      bf16_mma_gemv<2><<<grid, 32 * kWarpsPerBlock, mma_shared_bytes(2), stream>>>(w, out_features, in_features, xt,
-                                                                                    n, yt, split_k, scratch);
-    } else {
-      bf16_mma_gemv<1><<<grid, 32 * kWarpsPerBlock, mma_shared_bytes(1), stream>>>(w, out_features, in_features, xt,
-                                                                                    n, yt, split_k, scratch);
-    }
+    MmaGroup pass = group;
+    for (int m = 0; m < group.count; ++m) pass.y[m] = group.y[m] + t * group.out_features[m];
+    // Dependent launches: each kernel's start overlaps the previous one's tail.
+    const int token_groups = n > 8 ? 2 : 1;
+    static_cast<void>(launch_dependent(token_groups == 2 ? bf16_mma_gemv<2> : bf16_mma_gemv<1>, grid,
+                                       dim3(32 * kWarpsPerBlock), mma_shared_bytes(token_groups), stream, pass,
+                                       in_features, x + t * in_features, n, split_k, scratch));
     if (used_splits > 1) {
-      const int64_t count = n * out_features;
-      sum_splits<<<static_cast<unsigned>((count + 255) / 256), 256, 0, stream>>>(
-          scratch, count, static_cast<int>(used_splits), yt);
+      const int64_t count = n * rows;
+      static_cast<void>(launch_dependent(sum_group_splits, dim3(static_cast<unsigned>((count + 255) / 256)),
+                                         dim3(256), 0, stream, static_cast<const float*>(scratch), count,
+                                         static_cast<int>(used_splits), pass));
     }
   }
 }
@@ -377,7 +438,7 @@ cudaError_t gather_rows(const void* table, DenseWeightType type, int64_t cols, c
 }
 
 int64_t dense_splits(DenseWeightType type, int64_t out_features, int64_t in_features) {
-  return takes_mma_path(type, in_features) ? mma_split_count(out_features, in_features)
+  return takes_mma_path(type, in_features) ? mma_split_count(mma_row_blocks(out_features), in_features)
                                            : split_count(type, out_features, in_features, rows_per_warp(1));
 }
 
@@ -387,8 +448,29 @@ int64_t dense_scratch_floats(DenseWeightType type, int64_t out_features, int64_t
   const int64_t splits = split_count(type, out_features, in_features, rows_per_warp(kTokensPerPass));
   const int64_t floats = splits == 1 ? 0 : splits * kTokensPerPass * out_features;
   if (!takes_mma_path(type, in_features)) return floats;
-  const int64_t mma_splits = mma_split_count(out_features, in_features);
+  const int64_t mma_splits = mma_split_count(mma_row_blocks(out_features), in_features);
   return std::max(floats, mma_splits == 1 ? 0 : mma_splits * kMmaTokensPerPass * out_features);
+}
+
+bool bf16_group_supported(int64_t in_features, const float* x) {
+  return takes_mma_path(DenseWeightType::bf16, in_features) && (reinterpret_cast<uintptr_t>(x) & 15u) == 0;
+}
+
+int64_t bf16_group_scratch_floats(int64_t total_rows, int64_t in_features) {
+  const int64_t splits = mma_split_count(mma_row_blocks(total_rows), in_features);
+  return splits == 1 ? 0 : splits * kMmaTokensPerPass * total_rows;
+}
+
+cudaError_t bf16_linear_group(const DenseGroupMember* members, int count, int64_t in_features, const float* x,
+                              int64_t num_tokens, float* scratch, cudaStream_t stream) {
+  if (count < 1 || count > kMaxDenseGroup || !bf16_group_supported(in_features, x)) return cudaErrorInvalidValue;
+  for (int m = 0; m < count; ++m) {
+    if ((reinterpret_cast<uintptr_t>(members[m].weight) & 15u) != 0 || members[m].out_features < 1) {
+      return cudaErrorInvalidValue;
+    }
+  }
+  if (num_tokens > 0) launch_mma(members, count, in_features, x, num_tokens, scratch, stream);
+  return cudaGetLastError();
 }
 
 cudaError_t dense_linear(const void* weight, DenseWeightType type, int64_t out_features, int64_t in_features,
@@ -401,7 +483,8 @@ cudaError_t dense_linear(const void* weight, DenseWeightType type, int64_t out_f
   }
   const bool aligned = ((reinterpret_cast<uintptr_t>(weight) | reinterpret_cast<uintptr_t>(x)) & 15u) == 0;
   if (takes_mma_path(type, in_features) && aligned) {
-    if (num_tokens > 0) launch_mma(weight, out_features, in_features, x, num_tokens, y, scratch, stream);
+    const DenseGroupMember member{.weight = weight, .out_features = out_features, .y = y};
+    if (num_tokens > 0) launch_mma(&member, 1, in_features, x, num_tokens, scratch, stream);
     return cudaGetLastError();
   }
   with_element_type(type, [&](auto element) {

@@ -34,6 +34,27 @@ cudaError_t dense_linear(const void* weight, DenseWeightType type, int64_t out_f
                          const float* x, int64_t num_tokens, float* y, cudaStream_t stream,
                          const BlockScales& scales = {}, float* scratch = nullptr);
 
+// One matrix of a bf16 group: weight [out_features, in_features] as stored, its output y [T, out_features].
+struct DenseGroupMember {
+  const void* weight = nullptr;
+  int64_t out_features = 0;
+  float* y = nullptr;
+};
+constexpr int kMaxDenseGroup = 8;
+
+// Whether bf16_linear_group takes matrices of this width with this input (the tensor-core GEMV's conditions:
+// in_features a multiple of 32, 16-byte aligned x; each member's weight must be 16-byte aligned too).
+bool bf16_group_supported(int64_t in_features, const float* x);
+// Scratch floats bf16_linear_group needs for members of `total_rows` rows in all.
+int64_t bf16_group_scratch_floats(int64_t total_rows, int64_t in_features);
+// y_m[T, out_m] = x[T, in_features] W_m^T for up to kMaxDenseGroup bf16 matrices sharing x (a layer's q, k and v
+// projections): the decode GEMV of dense_linear over all of them in one launch (and one for the split sums), so that
+// their blocks fill the GPU together instead of one small matrix at a time. Same results as dense_linear per matrix
+// up to the k splits' summation order. cudaErrorInvalidValue where bf16_group_supported fails, a weight is unaligned
+// or there are more than kMaxDenseGroup members.
+cudaError_t bf16_linear_group(const DenseGroupMember* members, int count, int64_t in_features, const float* x,
+                              int64_t num_tokens, float* scratch, cudaStream_t stream);
+
 // out[T, cols] = rows ids[T] of table [rows, cols], as float32 (the embedding lookup). ids are device memory and must
 // be in [0, rows): the caller validates them (the model does, before anything runs). Not for fp8 tables.
 cudaError_t gather_rows(const void* table, DenseWeightType type, int64_t cols, const int32_t* ids, int64_t num_tokens,

@@ -118,6 +118,42 @@ void DeviceLinear::forward(const float* x, int64_t num_tokens, float* y, Scratch
   }
 }
 
+void DeviceLinear::forward_shared_input(std::span<const DeviceLinear* const> linears, const float* x,
+                                        int64_t num_tokens, std::span<float* const> ys, Scratch& scratch, Gemm* gemm,
+                                        cudaStream_t stream) {
+  require(linears.size() == ys.size(), "{} matrices for {} outputs", linears.size(), ys.size());
+  require(num_tokens <= 65535, "CUDA linears: {} tokens in one call (at most 65535)", num_tokens);
+  const bool gemm_usable = gemm != nullptr && gemm->available();
+  const int64_t in_features = linears.empty() ? 0 : linears.front()->in_features_;
+  std::vector<size_t> grouped;  // the bf16 matrices on the GEMV at this count
+  for (size_t i = 0; i < linears.size(); ++i) {
+    const DeviceLinear& linear = *linears[i];
+    const bool gemv = !(gemm_usable && num_tokens >= linear.gemm_min_tokens());
+    if (gemv && !linear.exl3_ && linear.dense_type_ == DenseWeightType::bf16 && linear.in_features_ == in_features &&
+        grouped.size() < kMaxDenseGroup) {
+      grouped.push_back(i);
+    } else {
+      linear.forward(x, num_tokens, ys[i], scratch, gemm, stream);
+    }
+  }
+  if (grouped.size() < 2 || !bf16_group_supported(in_features, x)) {
+    for (const size_t i : grouped) linears[i]->forward(x, num_tokens, ys[i], scratch, gemm, stream);
+    return;
+  }
+  std::vector<DenseGroupMember> members;
+  int64_t rows = 0;
+  for (const size_t i : grouped) {
+    members.push_back(DenseGroupMember{.weight = linears[i]->data_.data(), .out_features = linears[i]->out_features_,
+                                       .y = ys[i]});
+    rows += linears[i]->out_features_;
+  }
+  const int64_t scratch_floats = bf16_group_scratch_floats(rows, in_features);
+  float* partial = scratch_floats > 0 ? scratch.floats(static_cast<size_t>(scratch_floats)) : nullptr;
+  check(bf16_linear_group(members.data(), static_cast<int>(members.size()), in_features, x, num_tokens, partial,
+                          stream),
+        "bf16 linear group launch");
+}
+
 void DeviceLinear::forward_as_gemm(const float* x, int64_t num_tokens, float* y, Scratch& scratch, Gemm& gemm,
                                    cudaStream_t stream) const {
   require(exl3_ || dense_type_ == DenseWeightType::bf16, "'{}': no GEMM path for {} weights", name_,

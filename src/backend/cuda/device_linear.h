@@ -7,6 +7,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <span>
 #include <string>
 
 #include "backend/cuda/device_runtime.h"
@@ -34,6 +35,10 @@ public:
   // y[T, out_features] = x[T, in_features] W^T; x and y are float32 device memory. With a usable `gemm`, token
   // counts from gemm_min_tokens() on run as a GEMM; without one, every count runs on the GEMV kernels.
   void forward(const float* x, int64_t num_tokens, float* y, Scratch& scratch, Gemm* gemm, cudaStream_t stream) const;
+  // ys[i] = linears[i]->forward(x): matrices sharing an input (a layer's q, k and v projections). bf16 matrices
+  // that run the GEMV at this token count go through one launch (bf16_linear_group), the rest one forward each.
+  static void forward_shared_input(std::span<const DeviceLinear* const> linears, const float* x, int64_t num_tokens,
+                                   std::span<float* const> ys, Scratch& scratch, Gemm* gemm, cudaStream_t stream);
   // The fewest tokens this matrix runs as a GEMM (INT64_MAX: never, for formats without a GEMM path and EXL3
   // matrices too large to decode into scratch).
   int64_t gemm_min_tokens() const;

@@ -2,6 +2,7 @@
 
 #include <cuda_bf16.h>
 
+#include "backend/cuda/dependent_launch.cuh"
 #include "backend/cuda/swiglu.cuh"
 
 namespace kestrel::cuda {
@@ -17,6 +18,7 @@ __device__ __forceinline__ int64_t element_index() {
 }
 
 __global__ void clamped_swiglu_kernel(const float* gate, const float* up, int64_t n, float limit, float* out) {
+  wait_for_previous_grid();
   const int64_t i = element_index();
   if (i < n) out[i] = clamped_swiglu_of(gate[i], up[i], limit);
 }
@@ -103,8 +105,9 @@ cudaError_t scatter_rows(const float* src, const int32_t* rows, int64_t num_rows
 cudaError_t clamped_swiglu(const float* gate, const float* up, int64_t n, float limit, float* out,
                            cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  clamped_swiglu_kernel<<<blocks_for(n), kThreads, 0, stream>>>(gate, up, n, limit, out);
-  return cudaGetLastError();
+  // A dependent launch (the activation feeds the down projection): the next kernel's start overlaps this one.
+  return launch_dependent(clamped_swiglu_kernel, dim3(blocks_for(n)), dim3(kThreads), 0, stream, gate, up, n, limit,
+                          out);
 }
 
 cudaError_t split_bf16(const float* x, int64_t n, uint16_t* high, uint16_t* low, cudaStream_t stream) {

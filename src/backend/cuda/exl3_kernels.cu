@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "backend/cuda/exl3_kernels.h"
+#include "backend/cuda/dependent_launch.cuh"
 #include "backend/cuda/hadamard_warp.cuh"
 #include "backend/cuda/mma.cuh"
 #include "backend/cuda/swiglu.cuh"
@@ -140,6 +141,7 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) trellis_gemv(GemvParams p
   const int warp = static_cast<int>(threadIdx.x / 32), lane = static_cast<int>(threadIdx.x & 31u);
   const int64_t tiles_k = p.in_padded / 16, tiles_n = p.out_padded / 16;
   const int64_t z = blockIdx.z;
+  if (p.table) wait_for_previous_grid();  // the ids come from an earlier kernel
   const Exl3MatrixRef m = p.table ? p.table[p.ids[z / p.id_group] * p.table_stride + z % p.id_group] : p.matrix;
   const int64_t x_row = p.swiglu ? 2 * p.in_features : p.in_features;  // floats from one input row to the next
   const float* x = p.x + z / p.x_group * x_row;
@@ -163,12 +165,14 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) trellis_gemv(GemvParams p
       load_tile<Bits>(strip_words + (group + u) * tile_words, lane, first_word, raw.words[u]);
     }
   };
-  // 0. The strip's first group of tiles is requested before the input rotation, so that its latency overlaps it.
-  // (Requesting the whole slice into L2 up front instead, with prefetch.global.L2, made every shape slower on the
-  // H100 once the loads are pipelined: 24.5 against 21.2 µs for 4096 -> 12288, docs/benchmarks/cuda_linear.md.)
+  // 0. The strip's first group of tiles is requested before the input rotation and, for a single matrix, before
+  // waiting for the previous kernel (launch_dependent), so that its latency overlaps both. (Requesting the whole
+  // slice into L2 up front instead, with prefetch.global.L2, made every shape slower on the H100 once the loads are
+  // pipelined: 24.5 against 21.2 µs for 4096 -> 12288, docs/benchmarks/cuda_linear.md.)
   GroupWords words[kStages];
 #pragma unroll
   for (int s = 0; s + 1 < kStages; ++s) load_group(a_begin + s * kTilesInFlight, words[s]);
+  if (!p.table) wait_for_previous_grid();
 
   // 1. This slice's rotated inputs: one warp per (token, 128-row block).
   const int64_t row_blocks = (a_end - a_begin) / 8;
@@ -340,7 +344,9 @@ void launch_pass(const GemvParams& p, dim3 grid, cudaStream_t stream) {
     static_cast<void>(cudaFuncSetAttribute(trellis_gemv<Bits, Codebook, Groups>,
                                            cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)));
   }
-  trellis_gemv<Bits, Codebook, Groups><<<grid, 32 * kWarpsPerBlock, shared, stream>>>(p);
+  // A launch may overlap the previous kernel's tail: the kernel loads its first weights before it waits for it.
+  static_cast<void>(launch_dependent(trellis_gemv<Bits, Codebook, Groups>, grid, dim3(32 * kWarpsPerBlock), shared,
+                                     stream, p));
 }
 
 // Without a table: passes of up to 16 tokens over one matrix. With a table: one launch, one token per slot.
@@ -427,12 +433,14 @@ GemvParams params_for(const Exl3DeviceView& m, const Exl3Plan& plan, const float
 }  // namespace
 
 Exl3Plan exl3_plan(const Exl3DeviceView& matrix, int sm_count) {
-  // About 32 warps per SM at batch 1, but slices of at least 32 tiles (512 rows) where k has them: shorter ones
+  // About 48 warps per SM at batch 1, but slices of at least 32 tiles (512 rows) where k has them: shorter ones
   // cost more in partial sums and hand-offs than their parallelism gains (an H100 sweep at one token,
-  // docs/benchmarks/cuda_linear.md: 4096 -> 2048 took 14.7 µs in slices of 8 tiles, 11.2 in slices of 32). At most
-  // 64 tiles (1024 rows: 16 tokens' doubled fp16 inputs fit in 66 KB).
+  // docs/benchmarks/cuda_linear.md: 4096 -> 2048 took 14.7 µs in slices of 8 tiles, 11.2 in slices of 32). With
+  // dependent launches, 4096 -> 12288 runs in 21.5 µs in slices of 32 tiles (8 splits) against 26.6 in slices of 56
+  // (5 splits, what 32 warps per SM chose; H100, run 22). At most 64 tiles (1024 rows: 16 tokens' doubled fp16
+  // inputs fit in 66 KB).
   const int64_t tiles_k = matrix.in_padded / 16, tiles_n = matrix.out_padded / 16;
-  const int64_t wanted = std::max<int64_t>(1, int64_t{sm_count} * 32 / tiles_n);
+  const int64_t wanted = std::max<int64_t>(1, int64_t{sm_count} * 48 / tiles_n);
   const int64_t per_slice = (tiles_k + wanted - 1) / wanted;
   const int64_t shortest = std::min<int64_t>(32, (tiles_k + 7) / 8 * 8);
   const int64_t slice_tiles = std::clamp<int64_t>((per_slice + 7) / 8 * 8, shortest, kMaxSliceTiles);

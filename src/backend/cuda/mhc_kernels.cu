@@ -5,6 +5,7 @@
 #include <type_traits>
 
 #include "backend/cuda/block_reduce.cuh"
+#include "backend/cuda/dependent_launch.cuh"
 #include "backend/cuda/mhc_kernels.h"
 
 namespace kestrel::cuda {
@@ -15,43 +16,45 @@ constexpr int kThreads = 256;
 
 __device__ __forceinline__ float logistic(float x) { return 1.0f / (1.0f + expf(-x)); }
 
-// The site's weights from its mixes m [(2 + hc) * hc] with the CPU backend's arithmetic, by warp 0: lane r < hc
-// writes pre [hc] (shared) and post_out [hc]; lane i * hc + j holds entry (i, j) of the combination matrix in a
-// register through the softmax and the Sinkhorn passes and gathers its row's or column's entries by shuffles, so
-// each sum runs over its row or column in the CPU's order and the results are the CPU's bit for bit (but expf's).
-// The matrix ends in c [hc * hc] (shared). Every thread of the block calls it; it returns after a barrier.
-__device__ void site_weights(const float* m, const float* base, const float* scale, int hc, float hc_eps,
-                             int64_t sinkhorn_iters, float* pre, float* c, float* post_out) {
+__device__ __forceinline__ float pre_weight(const float* m, const float* base, const float* scale, float hc_eps,
+                                            int i) {
+  return logistic(m[i] * scale[0] + base[i]) + hc_eps;
+}
+
+// The site's weights from its mixes m [(2 + hc) * hc] with the CPU backend's arithmetic, by one warp (every lane
+// calls it): lane r < hc writes pre [hc] (when pre is set) and post_out [hc]; lane i * hc + j holds entry (i, j) of
+// the combination matrix in a register through the softmax and the Sinkhorn passes and gathers its row's or column's
+// entries by shuffles, so each sum runs over its row or column in the CPU's order and the results are the CPU's bit
+// for bit (but expf's). The matrix ends in c [hc * hc].
+__device__ void site_weights_by_warp(const float* m, const float* base, const float* scale, int hc, float hc_eps,
+                                     int64_t sinkhorn_iters, float* pre, float* c, float* post_out) {
   constexpr unsigned kAll = 0xFFFFFFFFu;
-  if (threadIdx.x < 32) {
-    const int lane = static_cast<int>(threadIdx.x), i = lane / hc, j = lane % hc;
-    const bool owner = lane < hc * hc;
-    if (lane < hc) {
-      pre[lane] = logistic(m[lane] * scale[0] + base[lane]) + hc_eps;
-      post_out[lane] = 2.0f * logistic(m[hc + lane] * scale[1] + base[hc + lane]);
-    }
-    const auto row_sum = [&](float v) {
-      float sum = 0.0f;
-      for (int k = 0; k < hc; ++k) sum += __shfl_sync(kAll, v, i * hc + k);
-      return sum;
-    };
-    const auto column_sum = [&](float v) {
-      float sum = 0.0f;
-      for (int k = 0; k < hc; ++k) sum += __shfl_sync(kAll, v, k * hc + j);
-      return sum;
-    };
-    float v = owner ? m[2 * hc + lane] * scale[2] + base[2 * hc + lane] : 0.0f;
-    float row_max = -INFINITY;
-    for (int k = 0; k < hc; ++k) row_max = fmaxf(row_max, __shfl_sync(kAll, v, i * hc + k));
-    v = expf(v - row_max);
-    v = v / row_sum(v) + hc_eps;
-    for (int64_t iter = 0; iter < sinkhorn_iters; ++iter) {
-      if (iter > 0) v /= row_sum(v) + hc_eps;  // rows, then columns; the first iteration normalises the columns only
-      v /= column_sum(v) + hc_eps;
-    }
-    if (owner) c[lane] = v;
+  const int lane = static_cast<int>(threadIdx.x % 32), i = lane / hc, j = lane % hc;
+  const bool owner = lane < hc * hc;
+  if (lane < hc) {
+    if (pre != nullptr) pre[lane] = pre_weight(m, base, scale, hc_eps, lane);
+    post_out[lane] = 2.0f * logistic(m[hc + lane] * scale[1] + base[hc + lane]);
   }
-  __syncthreads();
+  const auto row_sum = [&](float v) {
+    float sum = 0.0f;
+    for (int k = 0; k < hc; ++k) sum += __shfl_sync(kAll, v, i * hc + k);
+    return sum;
+  };
+  const auto column_sum = [&](float v) {
+    float sum = 0.0f;
+    for (int k = 0; k < hc; ++k) sum += __shfl_sync(kAll, v, k * hc + j);
+    return sum;
+  };
+  float v = owner ? m[2 * hc + lane] * scale[2] + base[2 * hc + lane] : 0.0f;
+  float row_max = -INFINITY;
+  for (int k = 0; k < hc; ++k) row_max = fmaxf(row_max, __shfl_sync(kAll, v, i * hc + k));
+  v = expf(v - row_max);
+  v = v / row_sum(v) + hc_eps;
+  for (int64_t iter = 0; iter < sinkhorn_iters; ++iter) {
+    if (iter > 0) v /= row_sum(v) + hc_eps;  // rows, then columns; the first iteration normalises the columns only
+    v /= column_sum(v) + hc_eps;
+  }
+  if (owner) c[lane] = v;
 }
 
 // One block per token: the weights, then the block collapses the streams.
@@ -59,8 +62,11 @@ __global__ void __launch_bounds__(kThreads) mhc_mix_kernel(MhcMixArgs a) {
   __shared__ float pre[kMaxHcMult];
   __shared__ float c[kMaxHcMult * kMaxHcMult];
   const int64_t t = blockIdx.x, hc = a.hc_mult, mix = (2 + hc) * hc;
-  site_weights(a.mixes + t * mix, a.base, a.scale, static_cast<int>(hc), a.hc_eps, a.sinkhorn_iters, pre, c,
-               a.post + t * hc);
+  if (threadIdx.x < 32) {
+    site_weights_by_warp(a.mixes + t * mix, a.base, a.scale, static_cast<int>(hc), a.hc_eps, a.sinkhorn_iters, pre, c,
+                         a.post + t * hc);
+  }
+  __syncthreads();
   for (int64_t i = threadIdx.x; i < hc * hc; i += blockDim.x) a.comb[t * hc * hc + i] = c[i];
   const float* x = a.streams + t * hc * a.hidden;
   for (int64_t d = threadIdx.x; d < a.hidden; d += blockDim.x) {
@@ -95,6 +101,15 @@ __global__ void __launch_bounds__(kThreads) mhc_post_kernel(const float* post, c
 
 constexpr int kSiteChannels = 64;  // channels of a block's slice: hc_mult * 64 <= kThreads elements, one a thread
 constexpr int kMaxSiteMix = (2 + kMaxHcMult) * kMaxHcMult;
+constexpr int kMaxShareRows = kMaxSiteMix + kMaxHcMult * (kMaxHcMult + 1) / 2;
+
+// A slice's shares, one row each: the mixes' fn · streams, then the streams' Gram matrix <x_i, x_j> for i <= j
+// (its diagonal adds up to the sum of squares that the rms takes; with the pre weights it gives the collapsed
+// stream's sum of squares, pre^T G pre, so the norm after the collapse needs no second pass over the slices).
+__host__ __device__ constexpr int share_rows(int64_t hc) { return static_cast<int>((2 + hc) * hc + hc * (hc + 1) / 2); }
+__device__ __forceinline__ int gram_row(int64_t hc, int64_t i, int64_t j) {
+  return static_cast<int>((2 + hc) * hc + i * hc - i * (i - 1) / 2 + (j - i));
+}
 
 template <typename W>
 __device__ __forceinline__ float weight_value(const W* w, int64_t i) {
@@ -105,20 +120,26 @@ __device__ __forceinline__ float weight_value(const W* w, int64_t i) {
   }
 }
 
-// Grid (slices, T). Thread e of a block owns stream e / 64 at channel slice * 64 + e % 64.
+// The site's first launch, grid (slices, T). Thread e of a block owns stream i = e / 64 at channel
+// d = slice * 64 + e % 64: it applies the pending post-mix to its element in place and the block writes its slice's
+// shares (share_rows) to partials[t, slice].
 template <typename W>
-__global__ void __launch_bounds__(kThreads) mhc_site_kernel(MhcSiteArgs a) {
-  __shared__ float shares[kThreads / 32][kMaxSiteMix + 1];
-  __shared__ float totals[kMaxSiteMix + 1];
-  __shared__ float pre[kMaxHcMult];
-  __shared__ float c[kMaxHcMult * kMaxHcMult];
-  __shared__ float reduce[32];
-  __shared__ bool last;
+__global__ void __launch_bounds__(kThreads) mhc_site_shares_kernel(MhcSiteArgs a) {
+  __shared__ float shares[kThreads / 32][kMaxShareRows];
+  __shared__ float values[kThreads];
   const int64_t t = blockIdx.y, slice = blockIdx.x, slices = gridDim.x;
-  const int64_t hc = a.hc_mult, D = a.hidden, mix = (2 + hc) * hc, width = hc * D;
-  const int64_t i = threadIdx.x / kSiteChannels, d = slice * kSiteChannels + threadIdx.x % kSiteChannels;
+  const int64_t hc = a.hc_mult, D = a.hidden, mix = (2 + hc) * hc, width = hc * D, rows = share_rows(hc);
+  const int64_t i = threadIdx.x / kSiteChannels, e = threadIdx.x % kSiteChannels, d = slice * kSiteChannels + e;
   const bool active = i < hc && d < D;
   float* x = a.streams + t * width;
+
+  // This thread's column of fn, requested before waiting for the previous kernel (launch_dependent): the weights
+  // are the one input no kernel writes.
+  const auto* fn = static_cast<const W*>(a.fn);
+  float weights[kMaxSiteMix];
+#pragma unroll
+  for (int r = 0; r < kMaxSiteMix; ++r) weights[r] = active && r < mix ? weight_value(fn, r * width + i * D + d) : 0.0f;
+  wait_for_previous_grid();
 
   // The pending post-mix of this thread's element, in mhc_post's order; every element of the slice is read before
   // any is written.
@@ -130,96 +151,87 @@ __global__ void __launch_bounds__(kThreads) mhc_site_kernel(MhcSiteArgs a) {
                          a.pending_block_out[t * D + d]);
     }
   }
-  if (a.pending_post != nullptr) {
-    __syncthreads();
-    if (active) x[i * D + d] = value;
-  }
+  values[threadIdx.x] = value;
+  __syncthreads();
+  if (a.pending_post != nullptr && active) x[i * D + d] = value;
 
-  // This slice's share of fn · streams (one per mix row) and of the sum of squares, summed over the block. All of a
-  // thread's fn loads are issued before the first sum waits on one.
-  const auto* fn = static_cast<const W*>(a.fn);
+  // Each warp holds 32 channels of one stream (i is warp-uniform): its sums of fn · x_i and of x_i · x_j, j >= i.
   const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x / 32u;
-  float products[kMaxSiteMix + 1];
 #pragma unroll
   for (int r = 0; r < kMaxSiteMix; ++r) {
-    products[r] = active && r < mix ? weight_value(fn, r * width + i * D + d) * value : 0.0f;
+    if (r < mix) {
+      const float v = warp_sum(weights[r] * value);
+      if (lane == 0) shares[warp][r] = v;
+    }
   }
-  products[kMaxSiteMix] = value * value;
-#pragma unroll
-  for (int r = 0; r <= kMaxSiteMix; ++r) {
-    if (r < mix || r == kMaxSiteMix) {
-      const float v = warp_sum(products[r]);
-      if (lane == 0) shares[warp][r < mix ? r : mix] = v;
+  for (int64_t j = 0; j < hc; ++j) {
+    for (int64_t k = j; k < hc; ++k) {
+      float v = 0.0f;
+      if (j == i) v = warp_sum(value * values[k * kSiteChannels + e]);
+      if (lane == 0) shares[warp][gram_row(hc, j, k)] = v;
     }
   }
   __syncthreads();
-  float* partial = a.partials + (t * slices + slice) * (mix + 1);
-  if (threadIdx.x <= mix) {
+  if (threadIdx.x < rows) {
     float sum = 0.0f;
     for (unsigned w = 0; w < kThreads / 32; ++w) sum += shares[w][threadIdx.x];
-    partial[threadIdx.x] = sum;
+    a.partials[(t * slices + slice) * rows + threadIdx.x] = sum;
   }
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) last = atomicAdd(a.counters + t, 1u) == slices - 1;
-  __syncthreads();
-  if (!last) return;
+}
 
-  // The token's last block: every slice's stream update and share is visible (fence, then counter); they are read
-  // past L1, which may hold lines from before the other blocks wrote them.
-  __threadfence();
-  const float* shares_of_token = a.partials + t * slices * (mix + 1);
-  for (int64_t r = warp; r <= mix; r += kThreads / 32) {
+// The site's second launch, same grid: every block sums the token's shares in slice order (so every block holds the
+// same totals), collapses its 64 channels with the pre weights and normalises them with the rms that pre^T G pre
+// gives; slice 0's first warp computes post and comb meanwhile.
+__global__ void __launch_bounds__(kThreads) mhc_site_collapse_kernel(MhcSiteArgs a) {
+  __shared__ float totals[kMaxShareRows];
+  __shared__ float mixes[kMaxSiteMix];
+  __shared__ float pre[kMaxHcMult];
+  const int64_t t = blockIdx.y, slice = blockIdx.x, slices = gridDim.x;
+  const int64_t hc = a.hc_mult, D = a.hidden, mix = (2 + hc) * hc, width = hc * D, rows = share_rows(hc);
+  const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x / 32u;
+  // The last two warps collapse, so that the first can run the Sinkhorn passes alongside.
+  const int64_t e = static_cast<int64_t>(threadIdx.x) - (kThreads - kSiteChannels), d = slice * kSiteChannels + e;
+  const bool collapses = e >= 0 && d < D;
+  const float norm_weight = collapses && a.norm_weight != nullptr ? a.norm_weight[d] : 1.0f;
+  wait_for_previous_grid();
+
+  const float* shares = a.partials + t * slices * rows;
+  for (int64_t r = warp; r < rows; r += kThreads / 32) {
     float sum = 0.0f;
-    for (int64_t s = lane; s < slices; s += 32) sum += __ldcg(shares_of_token + s * (mix + 1) + r);
+    for (int64_t s = lane; s < slices; s += 32) sum += shares[s * rows + r];
     sum = warp_sum(sum);
     if (lane == 0) totals[r] = sum;
   }
   __syncthreads();
-  const float inv_rms = 1.0f / sqrtf(totals[mix] / static_cast<float>(width) + a.rms_eps);
-  if (threadIdx.x < mix) totals[threadIdx.x] *= inv_rms;
-  __syncthreads();
-  site_weights(totals, a.base, a.scale, static_cast<int>(hc), a.hc_eps, a.sinkhorn_iters, pre, c, a.post + t * hc);
-  for (int64_t k = threadIdx.x; k < hc * hc; k += blockDim.x) a.comb[t * hc * hc + k] = c[k];
-
-  // Collapse: the token's hc * hidden streams (64 KB at the model's size) by one block, four channels a load where
-  // rows are 16-byte aligned, with the loads of several channel groups in flight.
-  float* collapsed = a.collapsed + t * D;
   float squares = 0.0f;
-  if (D % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(collapsed) % 16 == 0) {
-    const auto* x4 = reinterpret_cast<const float4*>(x);
-    auto* collapsed4 = reinterpret_cast<float4*>(collapsed);
-#pragma unroll 4
-    for (int64_t k = threadIdx.x; k < D / 4; k += blockDim.x) {
-      float4 in[kMaxHcMult];
-#pragma unroll
-      for (int j = 0; j < kMaxHcMult; ++j) in[j] = j < hc ? __ldcg(x4 + j * (D / 4) + k) : float4{};
-      float4 sum{0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-      for (int j = 0; j < kMaxHcMult; ++j) {
-        if (j < hc) {
-          sum.x += pre[j] * in[j].x;
-          sum.y += pre[j] * in[j].y;
-          sum.z += pre[j] * in[j].z;
-          sum.w += pre[j] * in[j].w;
-        }
-      }
-      collapsed4[k] = sum;
-      squares += sum.x * sum.x + sum.y * sum.y + sum.z * sum.z + sum.w * sum.w;
-    }
-  } else {
-    for (int64_t k = threadIdx.x; k < D; k += blockDim.x) {
-      float sum = 0.0f;
-      for (int64_t j = 0; j < hc; ++j) sum += pre[j] * __ldcg(x + j * D + k);
-      collapsed[k] = sum;
-      squares += sum * sum;
+  for (int64_t i = 0; i < hc; ++i) squares += totals[gram_row(hc, i, i)];
+  const float inv_rms = 1.0f / sqrtf(squares / static_cast<float>(width) + a.rms_eps);
+  if (threadIdx.x < mix) mixes[threadIdx.x] = totals[threadIdx.x] * inv_rms;
+  __syncthreads();
+  if (threadIdx.x < hc) pre[threadIdx.x] = pre_weight(mixes, a.base, a.scale, a.hc_eps, static_cast<int>(threadIdx.x));
+  __syncthreads();
+
+  if (slice == 0 && warp == 0) {
+    float* comb = a.comb + t * hc * hc;
+    site_weights_by_warp(mixes, a.base, a.scale, static_cast<int>(hc), a.hc_eps, a.sinkhorn_iters, nullptr, comb,
+                         a.post + t * hc);
+  }
+  if (!collapses) return;
+  const float* x = a.streams + t * width;
+  float collapsed = 0.0f;
+  for (int64_t i = 0; i < hc; ++i) collapsed += pre[i] * x[i * D + d];
+  // The collapsed stream's sum of squares, sum_ij pre_i pre_j <x_i, x_j>, in double: the cross terms may cancel.
+  double collapsed_squares = 0.0;
+  for (int64_t i = 0; i < hc; ++i) {
+    for (int64_t j = 0; j < hc; ++j) {
+      const float gram = totals[i <= j ? gram_row(hc, i, j) : gram_row(hc, j, i)];
+      collapsed_squares += static_cast<double>(pre[i]) * pre[j] * gram;
     }
   }
-  const float inv_norm = 1.0f / sqrtf(block_sum(squares, reduce) / static_cast<float>(D) + a.rms_eps);
-  for (int64_t k = threadIdx.x; k < D; k += blockDim.x) {
-    a.normed[t * D + k] = (a.norm_weight ? a.norm_weight[k] : 1.0f) * (collapsed[k] * inv_norm);
-  }
-  if (threadIdx.x == 0) a.counters[t] = 0;
+  const float inv_norm =
+      1.0f / sqrtf(static_cast<float>(collapsed_squares) / static_cast<float>(D) + a.rms_eps);
+  a.collapsed[t * D + d] = collapsed;
+  a.normed[t * D + d] = norm_weight * (collapsed * inv_norm);
 }
 
 int64_t site_slices(int64_t hidden) { return (hidden + kSiteChannels - 1) / kSiteChannels; }
@@ -243,7 +255,7 @@ cudaError_t mhc_post(const float* post, const float* comb, const float* block_ou
 }
 
 int64_t mhc_site_scratch_floats(int64_t num_tokens, int64_t hc_mult, int64_t hidden) {
-  return num_tokens * site_slices(hidden) * ((2 + hc_mult) * hc_mult + 1);
+  return num_tokens * site_slices(hidden) * share_rows(hc_mult);
 }
 
 cudaError_t mhc_site(const MhcSiteArgs& a, cudaStream_t stream) {
@@ -255,20 +267,23 @@ cudaError_t mhc_site(const MhcSiteArgs& a, cudaStream_t stream) {
   }
   if (a.num_tokens == 0) return cudaSuccess;
   const dim3 grid(static_cast<unsigned>(site_slices(a.hidden)), static_cast<unsigned>(a.num_tokens));
+  // Dependent launches: the shares' fn loads overlap the previous kernel's tail, the collapse's start the shares'.
+  cudaError_t status = cudaErrorInvalidValue;
   switch (a.fn_type) {
     case DenseWeightType::f32:
-      mhc_site_kernel<float><<<grid, kThreads, 0, stream>>>(a);
+      status = launch_dependent(mhc_site_shares_kernel<float>, grid, dim3(kThreads), 0, stream, a);
       break;
     case DenseWeightType::f16:
-      mhc_site_kernel<__half><<<grid, kThreads, 0, stream>>>(a);
+      status = launch_dependent(mhc_site_shares_kernel<__half>, grid, dim3(kThreads), 0, stream, a);
       break;
     case DenseWeightType::bf16:
-      mhc_site_kernel<__nv_bfloat16><<<grid, kThreads, 0, stream>>>(a);
+      status = launch_dependent(mhc_site_shares_kernel<__nv_bfloat16>, grid, dim3(kThreads), 0, stream, a);
       break;
     case DenseWeightType::f8_e4m3:
-      return cudaErrorInvalidValue;
+      break;
   }
-  return cudaGetLastError();
+  if (status != cudaSuccess) return status;
+  return launch_dependent(mhc_site_collapse_kernel, grid, dim3(kThreads), 0, stream, a);
 }
 
 }  // namespace kestrel::cuda

@@ -34,12 +34,13 @@ cudaError_t mhc_mix(const MhcMixArgs& args, cudaStream_t stream);
 cudaError_t mhc_post(const float* post, const float* comb, const float* block_out, int64_t num_tokens,
                      int64_t hc_mult, int64_t hidden, float* streams, cudaStream_t stream);
 
-// One whole mHC site in one launch (Backend::mhc_site), for decode: the pending post-mix (when pending_post is set),
-// the pre-mix and the RMS norm of the collapsed input. A block per (64-channel slice, token) updates its slice of the
-// streams in place, and adds up its share of fn · streams and of the streams' sum of squares; fn · (streams / rms)
-// is (fn · streams) / rms, so the norm needs no pass of its own. The token's last block to finish (a counter per
-// token) sums the slices' shares in slice order, computes the weights as mhc_mix does, collapses and normalises.
-// fn is read once per token, so long prefill calls belong on the three-launch path.
+// One whole mHC site in two launches (Backend::mhc_site), for decode: the pending post-mix (when pending_post is
+// set), the pre-mix and the RMS norm of the collapsed input. The first launch has a block per (64-channel slice,
+// token) update its slice of the streams in place and write its shares of fn · streams and of the streams' Gram
+// matrix; fn · (streams / rms) is (fn · streams) / rms, so the norm needs no pass of its own. The second, on the same
+// grid, has every block sum the token's shares in slice order, compute the pre weights as mhc_mix does, collapse its
+// slice and normalise it by the rms that the Gram matrix gives; one block computes post and comb. fn is read once per
+// token, so long prefill calls belong on the three-launch path.
 
 struct MhcSiteArgs {
   int64_t num_tokens = 0, hc_mult = 0, hidden = 0;
@@ -59,7 +60,6 @@ struct MhcSiteArgs {
   float* collapsed = nullptr;        // [T, hidden]
   float* normed = nullptr;           // [T, hidden]
   float* partials = nullptr;         // mhc_site_scratch_floats(T, hc, hidden)
-  unsigned* counters = nullptr;      // [T], zero before the launch and zero again after it
 };
 int64_t mhc_site_scratch_floats(int64_t num_tokens, int64_t hc_mult, int64_t hidden);
 cudaError_t mhc_site(const MhcSiteArgs& args, cudaStream_t stream);

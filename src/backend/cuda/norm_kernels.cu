@@ -1,4 +1,5 @@
 #include "backend/cuda/block_reduce.cuh"
+#include "backend/cuda/dependent_launch.cuh"
 #include "backend/cuda/norm_kernels.h"
 
 namespace kestrel::cuda {
@@ -11,6 +12,7 @@ constexpr int kThreads = 256;
 __global__ void __launch_bounds__(kThreads)
     rms_norm_rows(const float* x, int64_t n, const float* weight, const float* gate, float eps, float* y) {
   __shared__ float shared[32];
+  wait_for_previous_grid();
   const float* in = x + blockIdx.x * n;
   float* out = y + blockIdx.x * n;
   float sum_squares = 0.0f;
@@ -42,8 +44,9 @@ __global__ void __launch_bounds__(kThreads)
 cudaError_t rms_norm(const float* x, int64_t rows, int64_t n, const float* weight, float eps, float* y,
                      cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
-  rms_norm_rows<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(x, n, weight, nullptr, eps, y);
-  return cudaGetLastError();
+  // Dependent launches (the norms feed linears): the next kernel's start overlaps this one.
+  return launch_dependent(rms_norm_rows, dim3(static_cast<unsigned>(rows)), dim3(kThreads), 0, stream, x, n, weight,
+                          static_cast<const float*>(nullptr), eps, y);
 }
 
 cudaError_t layer_norm(const float* x, int64_t rows, int64_t n, const float* weight, const float* bias, float eps,
@@ -56,8 +59,8 @@ cudaError_t layer_norm(const float* x, int64_t rows, int64_t n, const float* wei
 cudaError_t gated_rms_norm(const float* x, const float* gate, int64_t rows, int64_t n, const float* weight, float eps,
                            float* y, cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
-  rms_norm_rows<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(x, n, weight, gate, eps, y);
-  return cudaGetLastError();
+  return launch_dependent(rms_norm_rows, dim3(static_cast<unsigned>(rows)), dim3(kThreads), 0, stream, x, n, weight,
+                          gate, eps, y);
 }
 
 }  // namespace kestrel::cuda

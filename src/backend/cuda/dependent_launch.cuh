@@ -1,0 +1,61 @@
+// Programmatic dependent launch (sm_90+): a kernel launched with launch_dependent may start while the kernel before
+// it in the stream is still finishing, so that its prologue (launch, loading weights that no kernel writes) overlaps
+// that kernel's tail. Such a kernel must call wait_for_previous_grid before it touches anything an earlier kernel
+// writes (inputs, scratch, counters, ids); elsewhere, and on older GPUs, the launch is an ordinary one.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <utility>
+
+namespace kestrel::cuda {
+
+// Waits until the previous grid in the stream has finished and its writes are visible, then lets the next
+// dependent grid begin launching. Before it, a kernel may only read memory that no kernel writes.
+__device__ __forceinline__ void wait_for_previous_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;");
+#endif
+}
+
+// Whether the current device takes dependent launches (compute capability 9 or more), asked once per device: the
+// launchers call it for every kernel.
+inline bool dependent_launch_supported() {
+  constexpr int kDevices = 64;
+  static std::atomic<signed char> known[kDevices];  // 0: not asked yet, 1: yes, -1: no
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return false;
+  if (device >= 0 && device < kDevices) {
+    const signed char answer = known[device].load(std::memory_order_relaxed);
+    if (answer != 0) return answer > 0;
+  }
+  int major = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) return false;
+  if (device >= 0 && device < kDevices) known[device].store(major >= 9 ? 1 : -1, std::memory_order_relaxed);
+  return major >= 9;
+}
+
+// kernel<<<grid, block, shared_bytes, stream>>>(args...), allowed to overlap the previous kernel where supported.
+template <typename... Params, typename... Args>
+cudaError_t launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes,
+                             cudaStream_t stream, Args&&... args) {
+  if (!dependent_launch_supported()) {
+    kernel<<<grid, block, shared_bytes, stream>>>(std::forward<Args>(args)...);
+    return cudaGetLastError();
+  }
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = shared_bytes;
+  config.stream = stream;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+}
+
+}  // namespace kestrel::cuda
