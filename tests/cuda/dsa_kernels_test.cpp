@@ -134,20 +134,25 @@ struct PooledKeys {
   DeviceRows device;
 };
 
-// The GPU's selection as lists, checking that each is padded with -1 to indexer_max_positions.
-std::vector<std::vector<int64_t>> gpu_select(const IndexerArgs& a, const DevicePagedRows& pooled_keys) {
+// The GPU's selection as lists, checking that each is padded with -1 to indexer_max_positions; with `group`, the
+// scratch holds the scores of that many tokens, so the call runs as launches of `group` tokens.
+std::vector<std::vector<int64_t>> gpu_select(const IndexerArgs& a, const DevicePagedRows& pooled_keys,
+                                             int64_t group = 0) {
   const int64_t T = a.num_tokens, stride = indexer_max_positions(a.topk_pools, a.kpool);
   const DeviceBuffer query = to_device(std::vector<float>(a.query, a.query + T * a.num_heads * a.head_dim));
   const DeviceBuffer weights = to_device(std::vector<float>(a.weights, a.weights + T * a.num_heads));
-  DeviceBuffer scratch(static_cast<size_t>(indexer_scratch_floats(T, pooled_keys.num_rows)) * sizeof(float));
+  const int64_t scratch_floats = group > 0 ? indexer_scratch_floats(group, pooled_keys.num_rows) : 0;
+  DeviceBuffer scratch(static_cast<size_t>(std::max<int64_t>(
+                           group > 0 ? scratch_floats : indexer_scratch_floats(T, pooled_keys.num_rows), 1)) *
+                       sizeof(float));
   DeviceBuffer positions(static_cast<size_t>(T * stride) * sizeof(int32_t));
   DeviceBuffer counts(static_cast<size_t>(T) * sizeof(int32_t));
   check(indexer_select(IndexerDeviceArgs{.num_tokens = T, .start = a.start, .num_heads = a.num_heads,
                                          .head_dim = a.head_dim, .kpool = a.kpool, .topk_pools = a.topk_pools,
                                          .select_tail = a.select_tail, .query = query.as<float>(),
                                          .weights = weights.as<float>(), .pooled_keys = pooled_keys,
-                                         .scratch = scratch.as<float>(), .positions = positions.as<int32_t>(),
-                                         .counts = counts.as<int32_t>()},
+                                         .scratch = scratch.as<float>(), .scratch_floats = scratch_floats,
+                                         .positions = positions.as<int32_t>(), .counts = counts.as<int32_t>()},
                        nullptr),
         "indexer_select");
   return kestrel::testing::IndexerSelection{.stride = stride, .positions = to_host<int32_t>(positions),
@@ -156,7 +161,8 @@ std::vector<std::vector<int64_t>> gpu_select(const IndexerArgs& a, const DeviceP
 }
 
 // Random queries and weights (of both signs) for T tokens from `start`; the GPU's lists must equal the CPU's, with
-// and without the tail.
+// and without the tail, whether the call runs as one launch or as launches of 3 tokens (a scratch too small for all
+// of the call's scores).
 void expect_cpu_selection(const IndexerShape& shape, const PooledKeys& keys, int64_t start, int64_t T, uint32_t seed) {
   const std::vector<float> query = random_values(static_cast<size_t>(T * shape.heads * shape.head_dim), seed);
   const std::vector<float> weights = random_values(static_cast<size_t>(T * shape.heads), seed + 1,
@@ -166,11 +172,13 @@ void expect_cpu_selection(const IndexerShape& shape, const PooledKeys& keys, int
                            .kpool = kKpool, .topk_pools = shape.topk_pools, .select_tail = tail,
                            .query = query.data(), .weights = weights.data(), .pooled_keys = &keys.rows};
     const std::vector<std::vector<int64_t>> expected = kestrel::testing::select_on_host(host(), args).lists();
-    const std::vector<std::vector<int64_t>> got = gpu_select(args, keys.device.view);
-    ASSERT_EQ(got.size(), expected.size());
-    for (size_t t = 0; t < got.size(); ++t) {
-      EXPECT_EQ(got[t], expected[t]) << "heads " << shape.heads << " pools " << keys.rows.size() << " position "
-                                     << start + static_cast<int64_t>(t) << " tail " << tail;
+    for (const int64_t group : {int64_t{0}, int64_t{3}}) {
+      const std::vector<std::vector<int64_t>> got = gpu_select(args, keys.device.view, group);
+      ASSERT_EQ(got.size(), expected.size());
+      for (size_t t = 0; t < got.size(); ++t) {
+        EXPECT_EQ(got[t], expected[t]) << "heads " << shape.heads << " pools " << keys.rows.size() << " position "
+                                       << start + static_cast<int64_t>(t) << " tail " << tail << " group " << group;
+      }
     }
   }
 }
@@ -303,6 +311,12 @@ TEST(CudaDsaTest, BadShapesAreRefused) {
   indexer.head_dim = 128;
   indexer.kpool = 0;
   EXPECT_EQ(indexer_select(indexer, nullptr), cudaErrorInvalidValue);
+  const DevicePagedRows three_pools{.pool = reinterpret_cast<const float*>(16),
+                                    .block_ids = reinterpret_cast<const int32_t*>(16), .block_rows = 16,
+                                    .row_width = 128, .num_rows = 3};  // never read: refused before any launch
+  indexer = IndexerDeviceArgs{.num_tokens = 2, .start = 12, .num_heads = 32, .head_dim = 128, .kpool = 4,
+                              .topk_pools = 512, .pooled_keys = three_pools, .scratch_floats = 2};
+  EXPECT_EQ(indexer_select(indexer, nullptr), cudaErrorInvalidValue);  // not even one token's 3 scores fit
   const SparseMlaDeviceArgs mla{.num_tokens = 1, .num_heads = 64, .qk_head_dim = 256, .v_head_dim = 256,
                                 .kv_lora_rank = 512, .latents = empty};
   EXPECT_EQ(sparse_mla_attention(mla, nullptr), cudaErrorInvalidValue);  // latents 128 wide, rank 512

@@ -42,6 +42,9 @@ constexpr int64_t kFusedMoeMaxTokens = 64;
 // Up to this many tokens an mHC site is the fused pair of launches (CudaBackend::mhc_site), which reads fn once per
 // token.
 constexpr int64_t kFusedSiteMaxTokens = 16;
+// Scratch for the indexer's scores ([tokens, pools] floats: a 2048-token chunk at 1M tokens of context would take
+// 2 GiB); a call runs in groups of tokens whose scores fit (cuda::indexer_select).
+constexpr int64_t kIndexerScratchFloats = int64_t{64} << 20;  // 256 MiB
 
 DevicePagedRows device_rows(const PagedRows& rows) {
   return DevicePagedRows{.pool = rows.pool().data(),
@@ -312,7 +315,10 @@ void CudaBackend::indexer_select(const IndexerArgs& a) {
           "indexer selection stride {} differs from the longest selection ({})", a.positions_stride,
           indexer_max_positions(a.topk_pools, a.kpool));
   const DevicePagedRows pooled = device_rows(*a.pooled_keys);
-  float* scratch = scratch_a_.floats(static_cast<size_t>(indexer_scratch_floats(a.num_tokens, pooled.num_rows)));
+  // The whole cap from the first call on, so that the engine's profile forward, after which the KV cache takes the
+  // memory left, finds it in use.
+  const int64_t scratch_floats = std::max(kIndexerScratchFloats, pooled.num_rows);
+  float* scratch = scratch_a_.floats(static_cast<size_t>(scratch_floats));
   check(cuda::indexer_select(IndexerDeviceArgs{.num_tokens = a.num_tokens,
                                                .start = a.start,
                                                .num_heads = a.num_heads,
@@ -324,6 +330,7 @@ void CudaBackend::indexer_select(const IndexerArgs& a) {
                                                .weights = a.weights,
                                                .pooled_keys = pooled,
                                                .scratch = scratch,
+                                               .scratch_floats = scratch_floats,
                                                .positions = a.positions,
                                                .counts = a.counts},
                              stream_),

@@ -588,15 +588,11 @@ cudaError_t kpool_compress(const DevicePagedRows& keys, const DevicePagedRows& g
   return cudaGetLastError();
 }
 
-cudaError_t indexer_select(const IndexerDeviceArgs& a, cudaStream_t stream) {
+namespace {
+
+// The two launches of indexer_select for all of a's tokens, its scratch holding all their scores.
+cudaError_t launch_indexer(const IndexerDeviceArgs& a, cudaStream_t stream) {
   const int64_t pools = a.pooled_keys.num_rows;
-  // Positions and pool indices are int32 on the device; tiles of score blocks are limited by the grid's y extent.
-  const bool valid = a.num_tokens >= 0 && a.start >= 0 && a.num_heads > 0 && a.head_dim > 0 && a.kpool > 0 &&
-                     a.topk_pools >= 0 && valid_rows(a.pooled_keys, a.head_dim) && a.num_heads <= INT_MAX / 4 &&
-                     a.head_dim <= INT_MAX / 4 / a.num_heads && a.start + a.num_tokens <= INT_MAX &&
-                     indexer_max_positions(a.topk_pools, a.kpool) <= INT_MAX;
-  if (!valid) return cudaErrorInvalidValue;
-  if (a.num_tokens == 0) return cudaSuccess;
   const int64_t most_visible = std::min(pools, (a.start + a.num_tokens) / a.kpool);
   if (most_visible > 0) {
     const ScoreLayout layout = score_layout(a.num_heads, a.head_dim);
@@ -611,6 +607,34 @@ cudaError_t indexer_select(const IndexerDeviceArgs& a, cudaStream_t stream) {
   }
   indexer_topk_kernel<<<static_cast<unsigned>(a.num_tokens), kThreads, 0, stream>>>(a);
   return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t indexer_select(const IndexerDeviceArgs& a, cudaStream_t stream) {
+  const int64_t pools = a.pooled_keys.num_rows;
+  // Positions and pool indices are int32 on the device; tiles of score blocks are limited by the grid's y extent.
+  const bool valid = a.num_tokens >= 0 && a.start >= 0 && a.num_heads > 0 && a.head_dim > 0 && a.kpool > 0 &&
+                     a.topk_pools >= 0 && valid_rows(a.pooled_keys, a.head_dim) && a.num_heads <= INT_MAX / 4 &&
+                     a.head_dim <= INT_MAX / 4 / a.num_heads && a.start + a.num_tokens <= INT_MAX &&
+                     indexer_max_positions(a.topk_pools, a.kpool) <= INT_MAX && a.scratch_floats >= 0 &&
+                     (a.scratch_floats == 0 || a.scratch_floats >= pools);
+  if (!valid) return cudaErrorInvalidValue;
+  if (a.num_tokens == 0) return cudaSuccess;
+  const int64_t group = a.scratch_floats == 0 || pools == 0 ? a.num_tokens
+                                                            : std::min(a.num_tokens, a.scratch_floats / pools);
+  const int64_t stride = indexer_max_positions(a.topk_pools, a.kpool);
+  for (int64_t first = 0; first < a.num_tokens; first += group) {
+    IndexerDeviceArgs part = a;
+    part.num_tokens = std::min(group, a.num_tokens - first);
+    part.start = a.start + first;
+    part.query = a.query + first * a.num_heads * a.head_dim;
+    part.weights = a.weights + first * a.num_heads;
+    part.positions = a.positions + first * stride;
+    part.counts = a.counts + first;
+    if (const cudaError_t status = launch_indexer(part, stream); status != cudaSuccess) return status;
+  }
+  return cudaSuccess;
 }
 
 int64_t sparse_mla_splits(int64_t num_tokens, int64_t num_heads, int64_t positions_stride) {

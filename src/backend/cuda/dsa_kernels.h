@@ -53,7 +53,11 @@ struct IndexerDeviceArgs {
   const float* query = nullptr;    // [T, heads, head_dim] indexer queries
   const float* weights = nullptr;  // [T, heads] per-head weights
   DevicePagedRows pooled_keys;     // one row of head_dim per complete pool of the sequence
-  float* scratch = nullptr;        // [T, pooled_keys.num_rows]: indexer_scratch_floats(T, pooled_keys.num_rows)
+  float* scratch = nullptr;        // indexer_scratch_floats(T, pooled_keys.num_rows) floats, or scratch_floats
+  // With scratch_floats set (at least pooled_keys.num_rows), the call runs as launches of as many tokens as have their
+  // scores fit in it: the scores of a long prompt chunk at a long context (2 GiB for 2048 tokens at 1M) need not be
+  // held at once.
+  int64_t scratch_floats = 0;
   int32_t* positions = nullptr;    // [T, indexer_max_positions(topk_pools, kpool)]: out, ascending, then -1
   int32_t* counts = nullptr;       // [T]: out, the number of positions of each token
 };
