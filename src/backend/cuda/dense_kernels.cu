@@ -442,23 +442,22 @@ int64_t dense_splits(DenseWeightType type, int64_t out_features, int64_t in_feat
                                            : split_count(type, out_features, in_features, rows_per_warp(1));
 }
 
+int64_t bf16_group_scratch_floats(int64_t total_rows, int64_t in_features) {
+  const int64_t splits = mma_split_count(mma_row_blocks(total_rows), in_features);
+  return splits == 1 ? 0 : splits * kMmaTokensPerPass * total_rows;
+}
+
 int64_t dense_scratch_floats(DenseWeightType type, int64_t out_features, int64_t in_features) {
   // A multi-row pass has fewer row blocks, so at least as many splits as a one-token pass. A bf16 matrix whose
   // pointers turn out unaligned falls back to the CUDA-core kernel, so it gets room for either.
   const int64_t splits = split_count(type, out_features, in_features, rows_per_warp(kTokensPerPass));
   const int64_t floats = splits == 1 ? 0 : splits * kTokensPerPass * out_features;
   if (!takes_mma_path(type, in_features)) return floats;
-  const int64_t mma_splits = mma_split_count(mma_row_blocks(out_features), in_features);
-  return std::max(floats, mma_splits == 1 ? 0 : mma_splits * kMmaTokensPerPass * out_features);
+  return std::max(floats, bf16_group_scratch_floats(out_features, in_features));
 }
 
 bool bf16_group_supported(int64_t in_features, const float* x) {
   return takes_mma_path(DenseWeightType::bf16, in_features) && (reinterpret_cast<uintptr_t>(x) & 15u) == 0;
-}
-
-int64_t bf16_group_scratch_floats(int64_t total_rows, int64_t in_features) {
-  const int64_t splits = mma_split_count(mma_row_blocks(total_rows), in_features);
-  return splits == 1 ? 0 : splits * kMmaTokensPerPass * total_rows;
 }
 
 cudaError_t bf16_linear_group(const DenseGroupMember* members, int count, int64_t in_features, const float* x,
