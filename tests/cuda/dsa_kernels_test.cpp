@@ -231,10 +231,10 @@ TEST(CudaDsaTest, SparseMlaAttentionMatchesCpu) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   CpuBackend cpu;
   uint32_t seed = 70;
-  // The nano model's MLA, GLM-5.3-Flash's (64 heads, 256 + 256, rank 512), and an odd head count (a warp of the
-  // prefill kernel with one head).
+  // The nano model's MLA, GLM-5.3-Flash's (64 heads, 256 + 256, rank 512), an odd head count (a warp of the heads
+  // kernel with one head), and a rank the heads kernel is not compiled for (96: a block per token and head).
   for (const MlaShape shape : {MlaShape{4, 64, 64, 128, DType::bf16}, MlaShape{64, 256, 256, 512, DType::f32},
-                               MlaShape{5, 32, 48, 64, DType::f32}}) {
+                               MlaShape{5, 32, 48, 64, DType::f32}, MlaShape{3, 32, 32, 96, DType::f32}}) {
     const int64_t H = shape.heads, qk = shape.qk_head_dim, vd = shape.v_head_dim, rank = shape.kv_lora_rank;
     const std::vector<float> kv_b_values = random_values(static_cast<size_t>(H * (qk + vd) * rank), ++seed, 0.05f);
     std::vector<uint16_t> kv_b_bf16(kv_b_values.size());
@@ -246,8 +246,8 @@ TEST(CudaDsaTest, SparseMlaAttentionMatchesCpu) {
     const DeviceMlaWeights weights = DeviceMlaWeights::upload(kv_b, H, qk, vd);
     // Positions 0..4 without the tail (the first three attend to nothing), then positions 5997..5999 of a 6000-token
     // context: 512 of 1500 pools and tails of 2, 3 and 0 positions (up to 2051 positions), then 16 tokens at
-    // 100..115, then a prefill chunk of 300 tokens at 5600..5899. Split into parts (sparse_mla_splits) but for 16
-    // tokens of 64 heads and the chunk, which fill the GPU as they are (sparse_mla_heads_kernel).
+    // 100..115, then a prefill chunk of 300 tokens at 5600..5899. Split into parts (sparse_mla_splits) but for the
+    // chunk, which fills the GPU as it is.
     for (const Step step : {Step{0, 5}, Step{5997, 3}, Step{100, 16}, Step{5600, 300}}) {
       const int64_t T = step.num_tokens, tokens = step.start + T, pools = tokens / kKpool;
       ScatteredTable seq(blocks_for(tokens));
@@ -281,7 +281,7 @@ TEST(CudaDsaTest, SparseMlaAttentionMatchesCpu) {
       const DeviceBuffer counts_dev = to_device(counts);
       DeviceBuffer out(expected.size() * sizeof(float));
       const int64_t scratch_floats = sparse_mla_scratch_floats(T, H, stride, rank);
-      EXPECT_EQ(scratch_floats == 0, (T == 16 && H == 64) || T == 300) << "heads " << H << " tokens " << T;
+      EXPECT_EQ(scratch_floats == 0, T == 300) << "heads " << H << " tokens " << T;
       DeviceBuffer scratch(static_cast<size_t>(std::max<int64_t>(scratch_floats, 1)) * sizeof(float));
       check(sparse_mla_attention(SparseMlaDeviceArgs{.num_tokens = T, .num_heads = H, .qk_head_dim = qk,
                                                      .v_head_dim = vd, .kv_lora_rank = rank, .scale = scale,
@@ -320,9 +320,10 @@ TEST(CudaDsaTest, BadShapesAreRefused) {
   const SparseMlaDeviceArgs mla{.num_tokens = 1, .num_heads = 64, .qk_head_dim = 256, .v_head_dim = 256,
                                 .kv_lora_rank = 512, .latents = empty};
   EXPECT_EQ(sparse_mla_attention(mla, nullptr), cudaErrorInvalidValue);  // latents 128 wide, rank 512
-  EXPECT_EQ(sparse_mla_splits(1, 64, 2051), 16);  // a decode step: 1024 blocks
+  EXPECT_EQ(sparse_mla_splits(1, 64, 2051), 33);   // a decode step: 4 blocks of 16 heads, one part per 64 positions
+  EXPECT_EQ(sparse_mla_splits(16, 64, 2051), 4);   // 64 blocks of 16 heads a part
   EXPECT_EQ(sparse_mla_splits(2048, 64, 2051), 1);
-  EXPECT_EQ(sparse_mla_splits(1, 4, 2051), 33);   // at most one part per 64 positions
+  EXPECT_EQ(sparse_mla_splits(1, 4, 2051), 33);    // at most one part per 64 positions
   const LinearWeight kv_b{.name = "kv_b", .dtype = DType::f32, .out_features = 10, .in_features = 4,
                           .data = reinterpret_cast<const std::byte*>(&mla)};
   EXPECT_THROW(DeviceMlaWeights::upload(kv_b, 2, 3, 3), Error);  // 10 rows, not 2 x (3 + 3)

@@ -258,10 +258,14 @@ __global__ void __launch_bounds__(kThreads) indexer_topk_kernel(IndexerDeviceArg
 
 // ---- sparse MLA attention ----
 
-// Decode steps split each (token, head)'s positions into parts of at least this many, one block each.
+// Decode steps split each token's positions into parts of at least this many, one block per part and group of
+// kHeadsPerBlock heads.
 constexpr int64_t kMinSplitPositions = 64;
-// Blocks a split call aims for: several per SM, so that a one-token step reads the latents at full bandwidth.
-constexpr int64_t kTargetBlocks = 1024;
+// Blocks of 16 heads a split call aims for: about two per SM, so that a one-token step uses the whole GPU.
+constexpr int64_t kTargetBlocks = 256;
+// Heads of one block of sparse_mla_heads_kernel: each staged latent row serves all of them.
+constexpr int kHeadsPerWarp = 2;
+constexpr int kHeadsPerBlock = kHeadsPerWarp * kWarps;
 
 // q̂[t, h] = W_UK[h]ᵀ q[t, h] into `q_latent` ([rank], shared or global), by the whole block.
 __device__ void absorb_query(const SparseMlaDeviceArgs& a, int64_t t, int64_t h, float* q_staged, float* q_latent) {
@@ -407,13 +411,13 @@ __global__ void __launch_bounds__(kThreads) sparse_mla_kernel(SparseMlaDeviceArg
   project_values(a, t, h, q_latent, 0, static_cast<int>(a.v_head_dim));
 }
 
-// Calls of one part per pair (prefill-sized): a block per (token, kHeadsPerBlock heads), two heads per warp, so that
-// each staged latent row serves 16 heads (the per-pair kernel staged a token's rows once per head, 64 times over at
-// GLM-5.3-Flash's size) and each shared-memory load of a row serves two heads' multiply-adds. Lane l holds ranks
-// l + 32j of its heads' q̂ and output accumulators in registers; the online softmax is sparse_mla_kernel's, step for
-// step (scores scaled after the dot, the accumulator rescaled, then the chunk's rows added in order).
-constexpr int kHeadsPerWarp = 2;
-constexpr int kHeadsPerBlock = kHeadsPerWarp * kWarps;
+// Grid (token, group of kHeadsPerBlock heads, part): two heads per warp, so that each staged latent row serves 16
+// heads (the per-pair kernel stages a token's rows once per head, 64 times over at GLM-5.3-Flash's size) and each
+// shared-memory load of a row serves two heads' multiply-adds. Lane l holds ranks l + 32j of its heads' q̂ and output
+// accumulators in registers; the online softmax is sparse_mla_kernel's, step for step (scores scaled after the dot,
+// the accumulator rescaled, then the chunk's rows added in order). With one part (prefill-sized calls) the block
+// computes q̂ and projects by W_UV itself; split (decode), q̂ comes from absorb_query_kernel and the part's running
+// max, total and unnormalised output go to the scratch for combine_parts_kernel, as sparse_mla_kernel's do.
 constexpr int kRowChunk = 32;  // one position per lane in the softmax step
 
 template <int RankPerLane>
@@ -423,6 +427,7 @@ __global__ void __launch_bounds__(kThreads) sparse_mla_heads_kernel(SparseMlaDev
   float* rows = reinterpret_cast<float*>(shared_vectors);  // [kRowChunk, kRank]
   const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
   const int64_t t = blockIdx.x;
+  const int parts = static_cast<int>(gridDim.z), part = static_cast<int>(blockIdx.z);
   const int qk = static_cast<int>(a.qk_head_dim), vd = static_cast<int>(a.v_head_dim);
   int64_t head[kHeadsPerWarp];
   bool live[kHeadsPerWarp];
@@ -435,6 +440,11 @@ __global__ void __launch_bounds__(kThreads) sparse_mla_heads_kernel(SparseMlaDev
     running_max[k] = -INFINITY;
     running_total[k] = 0.0f;
     if (!live[k]) continue;  // a missing head keeps q̂ = 0 and is never written
+    if (parts > 1) {
+#pragma unroll
+      for (int j = 0; j < RankPerLane; ++j) q_latent[k][j] = a.scratch[(t * a.num_heads + head[k]) * kRank + lane + 32 * j];
+      continue;
+    }
     const float* q = a.query + (t * a.num_heads + head[k]) * qk;
     const float* w_uk = a.w_uk + head[k] * qk * kRank;
     for (int d = 0; d < qk; ++d) {
@@ -445,9 +455,11 @@ __global__ void __launch_bounds__(kThreads) sparse_mla_heads_kernel(SparseMlaDev
   }
 
   const int count = a.counts[t];
+  const int per_part = (count + parts - 1) / parts;
+  const int begin = min(count, part * per_part), end = min(count, begin + per_part);
   const int32_t* positions = a.positions + t * a.positions_stride;
-  for (int first = 0; first < count; first += kRowChunk) {
-    const int n = min(kRowChunk, count - first);
+  for (int first = begin; first < end; first += kRowChunk) {
+    const int n = min(kRowChunk, end - first);
     __syncthreads();  // the previous chunk's rows are consumed
     for (int i = tid; i < n * (kRank / 4); i += kThreads) {
       const int row = i / (kRank / 4), column = i % (kRank / 4);
@@ -498,6 +510,21 @@ __global__ void __launch_bounds__(kThreads) sparse_mla_heads_kernel(SparseMlaDev
     }
   }
 
+  if (parts > 1) {
+#pragma unroll
+    for (int k = 0; k < kHeadsPerWarp; ++k) {
+      if (!live[k]) continue;
+      float* partial =
+          a.scratch + a.num_tokens * a.num_heads * kRank + ((t * a.num_heads + head[k]) * parts + part) * (kRank + 2);
+#pragma unroll
+      for (int j = 0; j < RankPerLane; ++j) partial[2 + lane + 32 * j] = acc[k][j];
+      if (lane == 0) {
+        partial[0] = running_max[k];
+        partial[1] = running_total[k];
+      }
+    }
+    return;
+  }
 #pragma unroll
   for (int k = 0; k < kHeadsPerWarp; ++k) {
     if (!live[k]) continue;
@@ -518,16 +545,17 @@ __global__ void __launch_bounds__(kThreads) sparse_mla_heads_kernel(SparseMlaDev
 
 // Launches sparse_mla_heads_kernel for a rank it is compiled for (32 × 1, 2, 4, 8 or 16); false for another.
 template <int RankPerLane = 16>
-bool launch_heads_kernel(const SparseMlaDeviceArgs& a, cudaStream_t stream, cudaError_t& status) {
+bool launch_heads_kernel(const SparseMlaDeviceArgs& a, int64_t parts, cudaStream_t stream, cudaError_t& status) {
   if constexpr (RankPerLane == 0) {
     return false;
   } else {
-    if (a.kv_lora_rank != 32 * RankPerLane) return launch_heads_kernel<RankPerLane / 2>(a, stream, status);
+    if (a.kv_lora_rank != 32 * RankPerLane) return launch_heads_kernel<RankPerLane / 2>(a, parts, stream, status);
     const size_t shared = static_cast<size_t>(kRowChunk) * 32 * RankPerLane * sizeof(float);
     status = allow_shared(sparse_mla_heads_kernel<RankPerLane>, shared);
     if (status != cudaSuccess) return true;
     const dim3 grid(static_cast<unsigned>(a.num_tokens),
-                    static_cast<unsigned>((a.num_heads + kHeadsPerBlock - 1) / kHeadsPerBlock));
+                    static_cast<unsigned>((a.num_heads + kHeadsPerBlock - 1) / kHeadsPerBlock),
+                    static_cast<unsigned>(parts));
     sparse_mla_heads_kernel<RankPerLane><<<grid, kThreads, shared, stream>>>(a);
     status = cudaGetLastError();
     return true;
@@ -638,8 +666,8 @@ cudaError_t indexer_select(const IndexerDeviceArgs& a, cudaStream_t stream) {
 }
 
 int64_t sparse_mla_splits(int64_t num_tokens, int64_t num_heads, int64_t positions_stride) {
-  const int64_t pairs = std::max<int64_t>(num_tokens * num_heads, 1);
-  const int64_t wanted = (kTargetBlocks + pairs - 1) / pairs;
+  const int64_t blocks = std::max<int64_t>(num_tokens * ((num_heads + kHeadsPerBlock - 1) / kHeadsPerBlock), 1);
+  const int64_t wanted = (kTargetBlocks + blocks - 1) / blocks;
   const int64_t most = std::max<int64_t>((positions_stride + kMinSplitPositions - 1) / kMinSplitPositions, 1);
   return std::clamp<int64_t>(wanted, 1, most);
 }
@@ -659,11 +687,7 @@ cudaError_t sparse_mla_attention(const SparseMlaDeviceArgs& a, cudaStream_t stre
   if (a.num_tokens == 0) return cudaSuccess;
   const int64_t parts = sparse_mla_splits(a.num_tokens, a.num_heads, a.positions_stride);
   if (parts > 1 && a.scratch == nullptr) return cudaErrorInvalidValue;
-  if (cudaError_t status = cudaSuccess; parts == 1 && launch_heads_kernel(a, stream, status)) return status;
   const auto pairs = static_cast<unsigned>(a.num_tokens * a.num_heads);
-  const size_t shared =
-      static_cast<size_t>((kLatentChunk + 2) * a.kv_lora_rank + a.qk_head_dim + kLatentChunk) * sizeof(float);
-  if (const cudaError_t status = allow_shared(sparse_mla_kernel, shared); status != cudaSuccess) return status;
   if (parts > 1) {
     const size_t absorb_shared = static_cast<size_t>(a.qk_head_dim) * sizeof(float);
     if (const cudaError_t status = allow_shared(absorb_query_kernel, absorb_shared); status != cudaSuccess) {
@@ -672,12 +696,22 @@ cudaError_t sparse_mla_attention(const SparseMlaDeviceArgs& a, cudaStream_t stre
     const auto rank_blocks = static_cast<unsigned>((a.kv_lora_rank + kAbsorbRanks - 1) / kAbsorbRanks);
     absorb_query_kernel<<<dim3(pairs, rank_blocks), kThreads, absorb_shared, stream>>>(a);
   }
-  sparse_mla_kernel<<<dim3(pairs, static_cast<unsigned>(parts)), kThreads, shared, stream>>>(a);
+  cudaError_t status = cudaSuccess;
+  if (!launch_heads_kernel(a, parts, stream, status)) {
+    // Ranks the heads kernel is not compiled for: a block per (token × head, part).
+    const size_t shared =
+        static_cast<size_t>((kLatentChunk + 2) * a.kv_lora_rank + a.qk_head_dim + kLatentChunk) * sizeof(float);
+    status = allow_shared(sparse_mla_kernel, shared);
+    if (status == cudaSuccess) {
+      sparse_mla_kernel<<<dim3(pairs, static_cast<unsigned>(parts)), kThreads, shared, stream>>>(a);
+      status = cudaGetLastError();
+    }
+  }
+  if (status != cudaSuccess) return status;
   if (parts > 1) {
     const size_t combine_shared = static_cast<size_t>(a.kv_lora_rank + parts) * sizeof(float);
-    if (const cudaError_t status = allow_shared(combine_parts_kernel, combine_shared); status != cudaSuccess) {
-      return status;
-    }
+    status = allow_shared(combine_parts_kernel, combine_shared);
+    if (status != cudaSuccess) return status;
     const auto row_blocks = static_cast<unsigned>((a.v_head_dim + kProjectRows - 1) / kProjectRows);
     combine_parts_kernel<<<dim3(pairs, row_blocks), kThreads, combine_shared, stream>>>(a, static_cast<int>(parts));
   }

@@ -13,9 +13,12 @@
 // (token, tile of pools), the token's queries and the tile's keys in shared memory), then one block per token picks
 // its top pools by a radix select over the score bits (four 8-bit passes find the score of the k-th pool; the pools
 // above it and the lowest-indexed ones equal to it are kept) and writes them in pool order, which is position order.
-// Attention is one block per (token, head): q̂ = W_UKᵀ q, then the selected latents in chunks of 16 rows staged in
-// shared memory with an online softmax, then o = W_UV ô. Both are shaped for decode; prefill wants the indexer
-// scores and q̂ as tensor-core GEMMs over many tokens (each block here re-reads the keys, and W_UK, per token).
+// Attention runs a block per (token, 16 heads), each latent row staged in shared memory once for the 16 heads, with
+// an online softmax: q̂ = W_UKᵀ q, the selected latents in chunks of 32 rows, then o = W_UV ô. A decode step splits
+// each token's positions into parts (flash-decoding): q̂ first by blocks of ranks, then a block per (token, 16 heads,
+// part), then one per (token × head, 32 output rows) merging the parts and applying W_UV. Ranks other than 32 × 1, 2,
+// 4, 8 or 16 take a block per (token × head). Prefill wants the indexer scores and attention on the tensor cores
+// (each block here re-reads the keys, and W_UK, per token).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -84,8 +87,9 @@ struct SparseMlaDeviceArgs {
   float* scratch = nullptr;        // sparse_mla_scratch_floats(...) floats (none needed when that is 0)
 };
 
-// How many parts a (token, head)'s positions are split into, so that a few tokens still occupy the whole GPU
-// (flash-decoding): 1 for prefill-sized calls, up to one part per 64 positions for a decode step.
+// How many parts a token's positions are split into, so that a few tokens still occupy the whole GPU
+// (flash-decoding): 1 for prefill-sized calls, up to one part per 64 positions for a decode step (about 256 blocks of
+// 16 heads).
 int64_t sparse_mla_splits(int64_t num_tokens, int64_t num_heads, int64_t positions_stride);
 // Scratch for split calls: q̂ per (token, head) and each part's running max, total and unnormalised output.
 int64_t sparse_mla_scratch_floats(int64_t num_tokens, int64_t num_heads, int64_t positions_stride,
