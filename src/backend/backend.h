@@ -215,6 +215,24 @@ public:
   // DSA indexer selection: for each new token, the positions it attends to (ascending).
   virtual void indexer_select(const IndexerArgs& args) = 0;
   virtual void sparse_mla_attention(const SparseMlaArgs& args) = 0;
+  // A decode step's attention: token s (of args.num_tokens) is the one new token of the sequence whose latents are
+  // latents[s] (args.latents is not used). The default runs sparse_mla_attention per sequence; a GPU runs the step as
+  // one pass.
+  virtual void sparse_mla_attention_steps(const SparseMlaArgs& args, std::span<const PagedRows* const> latents) {
+    require(static_cast<int64_t>(latents.size()) == args.num_tokens, "attention step: {} tokens for {} sequences",
+            args.num_tokens, latents.size());
+    for (size_t s = 0; s < latents.size(); ++s) {
+      const auto i = static_cast<int64_t>(s);
+      SparseMlaArgs one = args;
+      one.num_tokens = 1;
+      one.query = args.query + i * args.num_heads * args.qk_head_dim;
+      one.latents = latents[s];
+      one.positions = args.positions + i * args.positions_stride;
+      one.counts = args.counts + i;
+      one.out = args.out + i * args.num_heads * args.v_head_dim;
+      sparse_mla_attention(one);
+    }
+  }
 
   // Pooled indexer key of pool `pool`: per channel, softmax over the pool's slots of (gate + ape) weighting the keys.
   virtual void kpool_compress(const PagedRows& keys, const PagedRows& gates, const float* ape, int64_t pool,

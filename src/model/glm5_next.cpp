@@ -167,6 +167,12 @@ std::vector<std::vector<float>> Glm5NextModel::forward_batch(std::span<const Seq
   return logits;
 }
 
+bool Glm5NextModel::is_decode_step(std::span<const CallRows> calls) {
+  return calls.size() > 1 && std::all_of(calls.begin(), calls.end(), [&](const CallRows& call) {
+           return call.count == 1 && call.offset == &call - calls.data();
+         });
+}
+
 void Glm5NextModel::kda_block(Workspace& ws, const KdaWeights& w, int64_t layer, std::span<const CallRows> calls,
                               const float* x, int64_t T, float* out) {
   const Glm5NextConfig& c = config_;
@@ -189,10 +195,7 @@ void Glm5NextModel::kda_block(Workspace& ws, const KdaWeights& w, int64_t layer,
     float* const outputs[] = {q_in, k_in, v_in, f_low, beta, gate_low};
     backend_.linears(x, T, weights, outputs);
   }
-  // A decode step of several sequences (one token each, rows in call order) runs as batched ops.
-  const bool steps = calls.size() > 1 && std::all_of(calls.begin(), calls.end(), [&](const CallRows& call) {
-                       return call.count == 1 && call.offset == &call - calls.data();
-                     });
+  const bool steps = is_decode_step(calls);
   if (steps) {
     const ProfileScope part(profile_, backend_, "kda convolution and recurrence");
     std::vector<float*> conv_states[3];  // q, k, v: [3, K-1, C] per sequence
@@ -343,21 +346,31 @@ void Glm5NextModel::mla_block(Workspace& ws, const MlaWeights& w, int64_t layer,
   // A shared layer reuses the selection of the full layer before it (config validation guarantees there is one).
   require(selection.made, "DSA layer has no token selection to reuse");
   float* attended = ws.floats(T * H * c.v_head_dim);
-  for (const CallRows& call : calls) {
+  const auto attention_args = [&](int64_t offset, int64_t count, const PagedRows* latents) {
+    return SparseMlaArgs{.num_tokens = count,
+                         .num_heads = H,
+                         .qk_head_dim = c.qk_head_dim,
+                         .v_head_dim = c.v_head_dim,
+                         .kv_lora_rank = rank,
+                         .scale = 1.0f / std::sqrt(static_cast<float>(c.qk_head_dim)),
+                         .query = query + offset * H * c.qk_head_dim,
+                         .kv_b = &w.kv_b_proj,
+                         .latents = latents,
+                         .positions = selection.positions + offset * selection.stride,
+                         .counts = selection.counts + offset,
+                         .positions_stride = selection.stride,
+                         .out = attended + offset * H * c.v_head_dim};
+  };
+  if (is_decode_step(calls)) {
     const ProfileScope part(profile_, backend_, "mla attention");
-    backend_.sparse_mla_attention(SparseMlaArgs{.num_tokens = call.count,
-                                                .num_heads = H,
-                                                .qk_head_dim = c.qk_head_dim,
-                                                .v_head_dim = c.v_head_dim,
-                                                .kv_lora_rank = rank,
-                                                .scale = 1.0f / std::sqrt(static_cast<float>(c.qk_head_dim)),
-                                                .query = query + call.offset * H * c.qk_head_dim,
-                                                .kv_b = &w.kv_b_proj,
-                                                .latents = &call.sequence->mla(layer).latents,
-                                                .positions = selection.positions + call.offset * selection.stride,
-                                                .counts = selection.counts + call.offset,
-                                                .positions_stride = selection.stride,
-                                                .out = attended + call.offset * H * c.v_head_dim});
+    std::vector<const PagedRows*> latents;
+    for (const CallRows& call : calls) latents.push_back(&call.sequence->mla(layer).latents);
+    backend_.sparse_mla_attention_steps(attention_args(0, T, nullptr), latents);
+  } else {
+    for (const CallRows& call : calls) {
+      const ProfileScope part(profile_, backend_, "mla attention");
+      backend_.sparse_mla_attention(attention_args(call.offset, call.count, &call.sequence->mla(layer).latents));
+    }
   }
   const ProfileScope part(profile_, backend_, "mla projections");
   backend_.linear(attended, T, w.o_proj, out);

@@ -80,6 +80,8 @@ private:
     int64_t count;
     bool logits;
   };
+  // A decode step of several sequences: one token each, rows in call order, which the batched ops take.
+  static bool is_decode_step(std::span<const CallRows> calls);
   // Each block reads the normalised sub-block input x [T, hidden] of all the pass's rows and writes its output
   // [T, hidden]; its temporaries come from the forward's workspace and go back to it when the block returns.
   void kda_block(Workspace& ws, const KdaWeights& w, int64_t layer, std::span<const CallRows> calls, const float* x,

@@ -123,6 +123,52 @@ TEST(LinearsTest, EachOutputIsItsOwnLinearAndMismatchedCountsAreRefused) {
   EXPECT_THROW(backend.linears(x.data(), tokens, weights, std::span<float* const>(outputs, 1)), Error);
 }
 
+// Backend::sparse_mla_attention_steps (a decode step's attention, which the CUDA backend runs as one pass): token s
+// attends over sequence s's latents, as sparse_mla_attention of that sequence alone gives, with the sequences'
+// blocks interleaved in one pool; a count of sequences that does not match the tokens is an Error.
+TEST(AttentionStepsTest, EachTokenAttendsOverItsOwnSequence) {
+  constexpr int64_t H = 2, qk = 8, vd = 8, rank = 16, block_rows = 4;
+  CpuBackend backend;
+  const std::vector<float> kv_b_values = random_values(static_cast<size_t>(H * (qk + vd) * rank), 6, 0.1f);
+  const LinearWeight kv_b{.name = "kv_b", .dtype = DType::f32, .out_features = H * (qk + vd), .in_features = rank,
+                          .data = reinterpret_cast<const std::byte*>(kv_b_values.data())};
+  GrowingBlockSource source;
+  RowBlockPool pool(backend, rank, block_rows);
+  BlockTable first_table(source, backend), second_table(source, backend);
+  PagedRows first(pool, first_table), second(pool, second_table);
+  const int64_t lengths[] = {5, 9};
+  uint32_t seed = 7;
+  for (int64_t r = 0; r < 9; ++r) {  // interleaved, so that the sequences' blocks alternate in the pool
+    for (PagedRows* rows : {&first, &second}) {
+      if (r >= lengths[rows == &first ? 0 : 1]) continue;
+      const std::vector<float> row = random_values(static_cast<size_t>(rank), ++seed);
+      std::copy(row.begin(), row.end(), rows->append());
+    }
+  }
+  const int64_t stride = 9;
+  std::vector<int32_t> positions(2 * stride, -1);
+  const std::vector<int32_t> counts{5, 9};
+  for (int64_t s = 0; s < 2; ++s) {
+    for (int32_t p = 0; p < counts[static_cast<size_t>(s)]; ++p) positions[static_cast<size_t>(s * stride + p)] = p;
+  }
+  const std::vector<float> query = random_values(static_cast<size_t>(2 * H * qk), 20);
+  const auto args = [&](int64_t s, int64_t count, const PagedRows* latents, float* out) {
+    return SparseMlaArgs{.num_tokens = count, .num_heads = H, .qk_head_dim = qk, .v_head_dim = vd,
+                         .kv_lora_rank = rank, .scale = 0.35f, .query = query.data() + s * H * qk, .kv_b = &kv_b,
+                         .latents = latents, .positions = positions.data() + s * stride,
+                         .counts = counts.data() + s, .positions_stride = stride, .out = out};
+  };
+  std::vector<float> step(static_cast<size_t>(2 * H * vd)), alone(step.size());
+  const PagedRows* latents[] = {&first, &second};
+  backend.sparse_mla_attention_steps(args(0, 2, nullptr, step.data()), latents);
+  backend.sparse_mla_attention(args(0, 1, &first, alone.data()));
+  backend.sparse_mla_attention(args(1, 1, &second, alone.data() + H * vd));
+  EXPECT_EQ(step, alone);
+  EXPECT_THROW(backend.sparse_mla_attention_steps(args(0, 2, nullptr, step.data()),
+                                                  std::span<const PagedRows* const>(latents, 1)),
+               Error);
+}
+
 INSTANTIATE_TEST_SUITE_P(Formats, LinearFormatTest,
                          ::testing::Values(DType::f32, DType::bf16, DType::f16, DType::f8_e4m3),
                          [](const auto& param_info) { return std::string(dtype_name(param_info.param)); });

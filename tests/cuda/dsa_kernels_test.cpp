@@ -10,10 +10,12 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <random>
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/dsa_kernels.h"
 #include "backend/cuda/mla_weights.h"
 #include "base/error.h"
@@ -296,6 +298,80 @@ TEST(CudaDsaTest, SparseMlaAttentionMatchesCpu) {
       EXPECT_LT(relative_difference(to_host<float>(out), expected), kAttentionTolerance)
           << "heads " << H << " rank " << rank << " start " << step.start;
     }
+  }
+}
+
+// A decode step's attention as one pass (CudaBackend::sparse_mla_attention_steps: each token reads its own
+// sequence's block table in a pool the sequences share, their blocks interleaved) against the CPU's attention of
+// each sequence on its own, at GLM-5.3-Flash's shape, for 3 sequences and for 70 (two launches).
+TEST(CudaDsaTest, AttentionStepMatchesEachSequenceOnItsOwn) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  constexpr int64_t H = 64, qk = 256, vd = 256, rank = 512;
+  CudaBackend gpu(0);
+  const std::vector<float> kv_b_values = random_values(static_cast<size_t>(H * (qk + vd) * rank), 90, 0.05f);
+  const LinearWeight kv_b{.name = "self_attn.kv_b_proj.weight", .dtype = DType::f32, .out_features = H * (qk + vd),
+                          .in_features = rank, .data = reinterpret_cast<const std::byte*>(kv_b_values.data())};
+  LinearWeight placed = kv_b;
+  gpu.place_attention_kv_b(placed, H, qk, vd);
+  uint32_t seed = 91;
+  for (const int64_t S : {int64_t{3}, int64_t{70}}) {
+    GrowingBlockSource cpu_source, gpu_source;
+    RowBlockPool cpu_pool(host(), rank, kBlockTokens), gpu_pool(gpu, rank, kBlockTokens);
+    std::vector<std::unique_ptr<BlockTable>> cpu_tables, gpu_tables;
+    std::vector<std::unique_ptr<PagedRows>> cpu_rows, gpu_rows;
+    std::vector<int64_t> lengths;
+    for (int64_t s = 0; s < S; ++s) {
+      lengths.push_back(1 + (37 * s + 11) % 150);
+      cpu_tables.push_back(std::make_unique<BlockTable>(cpu_source, host()));
+      gpu_tables.push_back(std::make_unique<BlockTable>(gpu_source, gpu));
+      cpu_rows.push_back(std::make_unique<PagedRows>(cpu_pool, *cpu_tables.back()));
+      gpu_rows.push_back(std::make_unique<PagedRows>(gpu_pool, *gpu_tables.back()));
+    }
+    // Rows appended round-robin, so that each sequence's blocks lie between the others'.
+    const int64_t longest = *std::max_element(lengths.begin(), lengths.end());
+    for (int64_t r = 0; r < longest; ++r) {
+      for (int64_t s = 0; s < S; ++s) {
+        if (r >= lengths[static_cast<size_t>(s)]) continue;
+        const std::vector<float> row = random_values(static_cast<size_t>(rank), ++seed);
+        std::copy(row.begin(), row.end(), cpu_rows[static_cast<size_t>(s)]->append());
+        gpu.copy_to_backend(gpu_rows[static_cast<size_t>(s)]->append(), row.data(), row.size() * sizeof(float));
+      }
+    }
+    // Each token attends to every second position of its sequence, then its last.
+    const int64_t stride = longest;
+    std::vector<int32_t> positions(static_cast<size_t>(S * stride), -1), counts(static_cast<size_t>(S));
+    for (int64_t s = 0; s < S; ++s) {
+      int32_t n = 0;
+      const int64_t length = lengths[static_cast<size_t>(s)];
+      for (int64_t p = 0; p < length; ++p) {
+        if (p % 2 == 0 || p + 1 == length) positions[static_cast<size_t>(s * stride + n++)] = static_cast<int32_t>(p);
+      }
+      counts[static_cast<size_t>(s)] = n;
+    }
+    const std::vector<float> query = random_values(static_cast<size_t>(S * H * qk), ++seed);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(qk));
+    const auto args = [&](const float* q, const int32_t* pos, const int32_t* cnt, float* out) {
+      return SparseMlaArgs{.num_tokens = S, .num_heads = H, .qk_head_dim = qk, .v_head_dim = vd,
+                           .kv_lora_rank = rank, .scale = scale, .query = q, .kv_b = &kv_b, .latents = nullptr,
+                           .positions = pos, .counts = cnt, .positions_stride = stride, .out = out};
+    };
+    std::vector<float> expected(static_cast<size_t>(S * H * vd));
+    std::vector<const PagedRows*> cpu_latents, gpu_latents;
+    for (int64_t s = 0; s < S; ++s) {
+      cpu_latents.push_back(cpu_rows[static_cast<size_t>(s)].get());
+      gpu_latents.push_back(gpu_rows[static_cast<size_t>(s)].get());
+    }
+    host().sparse_mla_attention_steps(args(query.data(), positions.data(), counts.data(), expected.data()),
+                                      cpu_latents);
+    const DeviceBuffer query_dev = to_device(query), positions_dev = to_device(positions),
+                       counts_dev = to_device(counts);
+    DeviceBuffer out(expected.size() * sizeof(float));
+    SparseMlaArgs gpu_args = args(query_dev.as<float>(), positions_dev.as<int32_t>(), counts_dev.as<int32_t>(),
+                                  out.as<float>());
+    gpu_args.kv_b = &placed;
+    gpu.sparse_mla_attention_steps(gpu_args, gpu_latents);
+    gpu.synchronize();
+    EXPECT_LT(relative_difference(to_host<float>(out), expected), kAttentionTolerance) << "sequences " << S;
   }
 }
 

@@ -337,30 +337,46 @@ void CudaBackend::indexer_select(const IndexerArgs& a) {
         "indexer_select launch");
 }
 
-void CudaBackend::sparse_mla_attention(const SparseMlaArgs& a) {
+SparseMlaDeviceArgs CudaBackend::attention_args(const SparseMlaArgs& a, const PagedRows& latents,
+                                               int64_t scratch_floats) {
   const auto* placed = dynamic_cast<const PlacedMla*>(a.kv_b->placed.get());
   require(placed != nullptr, "weight '{}' was not placed on the GPU for attention", a.kv_b->name);
+  return SparseMlaDeviceArgs{.num_tokens = a.num_tokens,
+                             .num_heads = a.num_heads,
+                             .qk_head_dim = a.qk_head_dim,
+                             .v_head_dim = a.v_head_dim,
+                             .kv_lora_rank = a.kv_lora_rank,
+                             .scale = a.scale,
+                             .query = a.query,
+                             .w_uk = placed->weights.w_uk.as<float>(),
+                             .w_uv = placed->weights.w_uv.as<float>(),
+                             .latents = device_rows(latents),
+                             .positions = a.positions,
+                             .counts = a.counts,
+                             .positions_stride = a.positions_stride,
+                             .out = a.out,
+                             .scratch = scratch_floats > 0 ? scratch_a_.floats(static_cast<size_t>(scratch_floats))
+                                                           : nullptr};
+}
+
+void CudaBackend::sparse_mla_attention(const SparseMlaArgs& a) {
   const int64_t scratch =
       cuda::sparse_mla_scratch_floats(a.num_tokens, a.num_heads, a.positions_stride, a.kv_lora_rank);
-  check(cuda::sparse_mla_attention(SparseMlaDeviceArgs{.num_tokens = a.num_tokens,
-                                                       .num_heads = a.num_heads,
-                                                       .qk_head_dim = a.qk_head_dim,
-                                                       .v_head_dim = a.v_head_dim,
-                                                       .kv_lora_rank = a.kv_lora_rank,
-                                                       .scale = a.scale,
-                                                       .query = a.query,
-                                                       .w_uk = placed->weights.w_uk.as<float>(),
-                                                       .w_uv = placed->weights.w_uv.as<float>(),
-                                                       .latents = device_rows(*a.latents),
-                                                       .positions = a.positions,
-                                                       .counts = a.counts,
-                                                       .positions_stride = a.positions_stride,
-                                                       .out = a.out,
-                                                       .scratch = scratch > 0 ? scratch_a_.floats(
-                                                                                    static_cast<size_t>(scratch))
-                                                                              : nullptr},
-                                   stream_),
-        "sparse_mla_attention launch");
+  check(cuda::sparse_mla_attention(attention_args(a, *a.latents, scratch), stream_), "sparse_mla_attention launch");
+}
+
+void CudaBackend::sparse_mla_attention_steps(const SparseMlaArgs& a, std::span<const PagedRows* const> latents) {
+  require(static_cast<int64_t>(latents.size()) == a.num_tokens && !latents.empty(),
+          "attention step: {} tokens for {} sequences", a.num_tokens, latents.size());
+  std::vector<const int32_t*> block_ids;
+  for (const PagedRows* rows : latents) {
+    require(&rows->pool() == &latents.front()->pool(), "attention step: the sequences' latents are in different pools");
+    block_ids.push_back(rows->table().backend_ids());
+  }
+  const int64_t scratch =
+      cuda::sparse_mla_steps_scratch_floats(a.num_tokens, a.num_heads, a.positions_stride, a.kv_lora_rank);
+  check(cuda::sparse_mla_attention_steps(attention_args(a, *latents.front(), scratch), block_ids.data(), stream_),
+        "sparse_mla_attention_steps launch");
 }
 
 void CudaBackend::kpool_compress(const PagedRows& keys, const PagedRows& gates, const float* ape, int64_t pool,

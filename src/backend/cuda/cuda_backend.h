@@ -18,6 +18,7 @@
 #include "backend/backend.h"
 #include "backend/cuda/device_linear.h"
 #include "backend/cuda/device_runtime.h"
+#include "backend/cuda/dsa_kernels.h"
 
 namespace kestrel::cuda {
 
@@ -71,6 +72,7 @@ public:
   void kda_recurrent_steps(const KdaArgs& args, std::span<float* const> states) override;
   void indexer_select(const IndexerArgs& args) override;
   void sparse_mla_attention(const SparseMlaArgs& args) override;
+  void sparse_mla_attention_steps(const SparseMlaArgs& args, std::span<const PagedRows* const> latents) override;
   void kpool_compress(const PagedRows& keys, const PagedRows& gates, const float* ape, int64_t pool, int64_t kpool,
                       float* pooled) override;
   void route_experts(const RouterArgs& args) override;
@@ -93,6 +95,9 @@ private:
   const DeviceLinear& placed_linear(const LinearWeight& weight) const;
   // The MoE with tokens grouped by expert on the host: each expert's linears over its tokens.
   void moe_by_expert(const MoeArgs& args, const std::vector<DeviceLinear>& linears);
+  // The attention launchers' arguments for `latents`' pool (and, but in a decode step, block table), with scratch.
+  cuda::SparseMlaDeviceArgs attention_args(const SparseMlaArgs& args, const PagedRows& latents,
+                                           int64_t scratch_floats);
 
   DeviceInfo device_;
   cudaStream_t stream_ = nullptr;

@@ -20,6 +20,14 @@ __device__ __forceinline__ const float* paged_row(const DevicePagedRows& rows, i
   return rows.pool + (block * rows.block_rows + i % rows.block_rows) * rows.row_width;
 }
 
+// Row i of token t's latents: its own sequence's block table in a decode step.
+__device__ __forceinline__ const float* latent_row(const SparseMlaDeviceArgs& a, int64_t t, int64_t i) {
+  if (!a.steps) return paged_row(a.latents, i);
+  const DevicePagedRows& rows = a.latents;
+  const int64_t block = a.token_block_ids.at[t][i / rows.block_rows];
+  return rows.pool + (block * rows.block_rows + i % rows.block_rows) * rows.row_width;
+}
+
 // Dynamic shared memory above 48 KiB must be opted into, per kernel.
 template <typename Kernel>
 cudaError_t allow_shared(Kernel* kernel, size_t bytes) {
@@ -362,7 +370,7 @@ __global__ void __launch_bounds__(kThreads) sparse_mla_kernel(SparseMlaDeviceArg
     const int n = min(kLatentChunk, end - first);
     __syncthreads();  // q̂ is complete; the previous step's rows are consumed
     for (int i = warp; i < n; i += kWarps) {
-      const float* latent = paged_row(a.latents, positions[first + i]);
+      const float* latent = latent_row(a, t, positions[first + i]);
       for (int r = lane; r < rank; r += 32) rows[i * rank + r] = latent[r];
     }
     __syncthreads();
@@ -442,7 +450,9 @@ __global__ void __launch_bounds__(kThreads) sparse_mla_heads_kernel(SparseMlaDev
     if (!live[k]) continue;  // a missing head keeps q̂ = 0 and is never written
     if (parts > 1) {
 #pragma unroll
-      for (int j = 0; j < RankPerLane; ++j) q_latent[k][j] = a.scratch[(t * a.num_heads + head[k]) * kRank + lane + 32 * j];
+      for (int j = 0; j < RankPerLane; ++j) {
+        q_latent[k][j] = a.scratch[(t * a.num_heads + head[k]) * kRank + lane + 32 * j];
+      }
       continue;
     }
     const float* q = a.query + (t * a.num_heads + head[k]) * qk;
@@ -464,7 +474,7 @@ __global__ void __launch_bounds__(kThreads) sparse_mla_heads_kernel(SparseMlaDev
     for (int i = tid; i < n * (kRank / 4); i += kThreads) {
       const int row = i / (kRank / 4), column = i % (kRank / 4);
       reinterpret_cast<float4*>(rows)[i] =
-          reinterpret_cast<const float4*>(paged_row(a.latents, positions[first + row]))[column];
+          reinterpret_cast<const float4*>(latent_row(a, t, positions[first + row]))[column];
     }
     __syncthreads();
     float score[kHeadsPerWarp] = {-INFINITY, -INFINITY};  // lane i: position first + i
@@ -672,6 +682,15 @@ int64_t sparse_mla_splits(int64_t num_tokens, int64_t num_heads, int64_t positio
   return std::clamp<int64_t>(wanted, 1, most);
 }
 
+int64_t sparse_mla_steps_scratch_floats(int64_t num_tokens, int64_t num_heads, int64_t positions_stride,
+                                        int64_t kv_lora_rank) {
+  int64_t most = 0;  // fewer tokens may take more parts, so every launch size up to the largest is asked
+  for (int64_t tokens = 1; tokens <= std::min<int64_t>(num_tokens, kMaxAttentionSteps); ++tokens) {
+    most = std::max(most, sparse_mla_scratch_floats(tokens, num_heads, positions_stride, kv_lora_rank));
+  }
+  return most;
+}
+
 int64_t sparse_mla_scratch_floats(int64_t num_tokens, int64_t num_heads, int64_t positions_stride,
                                   int64_t kv_lora_rank) {
   const int64_t parts = sparse_mla_splits(num_tokens, num_heads, positions_stride);
@@ -716,6 +735,25 @@ cudaError_t sparse_mla_attention(const SparseMlaDeviceArgs& a, cudaStream_t stre
     combine_parts_kernel<<<dim3(pairs, row_blocks), kThreads, combine_shared, stream>>>(a, static_cast<int>(parts));
   }
   return cudaGetLastError();
+}
+
+cudaError_t sparse_mla_attention_steps(const SparseMlaDeviceArgs& a, const int32_t* const* block_ids,
+                                       cudaStream_t stream) {
+  for (int64_t first = 0; first < a.num_tokens; first += kMaxAttentionSteps) {
+    SparseMlaDeviceArgs part = a;
+    part.num_tokens = std::min<int64_t>(kMaxAttentionSteps, a.num_tokens - first);
+    part.query = a.query + first * a.num_heads * a.qk_head_dim;
+    part.positions = a.positions + first * a.positions_stride;
+    part.counts = a.counts + first;
+    part.out = a.out + first * a.num_heads * a.v_head_dim;
+    part.steps = true;
+    for (int64_t t = 0; t < part.num_tokens; ++t) {
+      if (block_ids[first + t] == nullptr) return cudaErrorInvalidValue;
+      part.token_block_ids.at[t] = block_ids[first + t];
+    }
+    if (const cudaError_t status = sparse_mla_attention(part, stream); status != cudaSuccess) return status;
+  }
+  return cudaSuccess;
 }
 
 }  // namespace kestrel::cuda

@@ -71,6 +71,12 @@ struct IndexerDeviceArgs {
 // [t + 1 - (t + 1) % kpool, t] follow. Scores must not be NaN.
 cudaError_t indexer_select(const IndexerDeviceArgs& args, cudaStream_t stream);
 
+// Tokens of one attention launch in a decode step: their block tables travel by value in the launch.
+constexpr int kMaxAttentionSteps = 64;
+struct StepBlockTables {
+  const int32_t* at[kMaxAttentionSteps];
+};
+
 // SparseMlaArgs (backend/backend.h) on the device, with kv_b already split per head (mla_weights.h) and the
 // selection as indexer_select writes it.
 struct SparseMlaDeviceArgs {
@@ -85,6 +91,10 @@ struct SparseMlaDeviceArgs {
   int64_t positions_stride = 0;
   float* out = nullptr;            // [T, heads, v_head_dim]
   float* scratch = nullptr;        // sparse_mla_scratch_floats(...) floats (none needed when that is 0)
+  // A decode step of several sequences (sparse_mla_attention_steps): token t's block table; latents gives the
+  // pool, block_rows and row_width that all of them share.
+  bool steps = false;
+  StepBlockTables token_block_ids{};
 };
 
 // How many parts a token's positions are split into, so that a few tokens still occupy the whole GPU
@@ -94,9 +104,17 @@ int64_t sparse_mla_splits(int64_t num_tokens, int64_t num_heads, int64_t positio
 // Scratch for split calls: q̂ per (token, head) and each part's running max, total and unnormalised output.
 int64_t sparse_mla_scratch_floats(int64_t num_tokens, int64_t num_heads, int64_t positions_stride,
                                   int64_t kv_lora_rank);
+// Scratch for sparse_mla_attention_steps of num_tokens sequences (launches of up to kMaxAttentionSteps tokens).
+int64_t sparse_mla_steps_scratch_floats(int64_t num_tokens, int64_t num_heads, int64_t positions_stride,
+                                        int64_t kv_lora_rank);
 
 // Per token t and head h: q̂ = W_UK[h]ᵀ q[t, h]; p = softmax over the selected positions j of scale * q̂ . latent[j];
 // out[t, h] = W_UV[h] sum_j p_j latent[j] (zeros for a token with no positions).
 cudaError_t sparse_mla_attention(const SparseMlaDeviceArgs& args, cudaStream_t stream);
+// A decode step: token s is the new token of the sequence whose block table is block_ids[s] (args.steps and
+// token_block_ids are set here, in launches of up to kMaxAttentionSteps tokens); args.latents gives the shared pool.
+// args.scratch holds sparse_mla_steps_scratch_floats(...) floats.
+cudaError_t sparse_mla_attention_steps(const SparseMlaDeviceArgs& args, const int32_t* const* block_ids,
+                                       cudaStream_t stream);
 
 }  // namespace kestrel::cuda
