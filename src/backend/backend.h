@@ -234,9 +234,10 @@ public:
     }
   }
 
-  // Pooled indexer key of pool `pool`: per channel, softmax over the pool's slots of (gate + ape) weighting the keys.
-  virtual void kpool_compress(const PagedRows& keys, const PagedRows& gates, const float* ape, int64_t pool,
-                              int64_t kpool, float* pooled) = 0;
+  // Pooled indexer keys of pools [first_pool, first_pool + num_pools) into pooled [num_pools, dim]: per channel,
+  // softmax over the pool's slots of (gate + ape) weighting the keys.
+  virtual void kpool_compress(const PagedRows& keys, const PagedRows& gates, const float* ape, int64_t first_pool,
+                              int64_t num_pools, int64_t kpool, float* pooled) = 0;
 
   virtual void route_experts(const RouterArgs& args) = 0;
   // out[T, hidden] = sum over each token's experts of weight * down(clamped_swiglu(gate x, up x)).

@@ -318,10 +318,13 @@ void Glm5NextModel::mla_block(Workspace& ws, const MlaWeights& w, int64_t layer,
                       static_cast<size_t>(run.count * dim) * sizeof(float));
         t += run.count;
       }
-      // Pools completed by these tokens are compressed once and kept.
-      for (int64_t pool = state.pooled_keys.size(); (pool + 1) * c.index_kpool <= call.start + call.count; ++pool) {
-        backend_.kpool_compress(state.index_keys, state.index_gates, ix.compress_ape.data(), pool, c.index_kpool,
-                                state.pooled_keys.append());
+      // Pools completed by these tokens are compressed once and kept, a run of the pooled cache's block at a time.
+      const int64_t complete = (call.start + call.count) / c.index_kpool;
+      for (int64_t pool = state.pooled_keys.size(); pool < complete;) {
+        const RowRun run = state.pooled_keys.append_run(complete - pool);
+        backend_.kpool_compress(state.index_keys, state.index_gates, ix.compress_ape.data(), pool, run.count,
+                                c.index_kpool, run.rows);
+        pool += run.count;
       }
     }
     for (const CallRows& call : calls) {

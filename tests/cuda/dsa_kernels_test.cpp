@@ -4,11 +4,13 @@
 // at the nano and GLM-5.3-Flash indexer shapes — decode deep in the context, prefill with per-token visibility,
 // positions where every visible pool is kept, with and without the tail, ties from duplicated pooled keys; sparse
 // MLA attention over the CPU's selection (up to 2051 positions) within 1e-5 at the nano and the model's MLA shapes,
-// tokens with no position included. Without a GPU, only the argument checks run.
+// tokens with no position included, and within 3e-3 on the tensor cores (fp16 operands) for prefill-sized calls.
+// Without a GPU, only the argument checks run.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <limits>
 #include <memory>
 #include <random>
@@ -17,6 +19,8 @@
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/dsa_kernels.h"
+#include "backend/cuda/gemm.h"
+#include "backend/cuda/mla_prefill.h"
 #include "backend/cuda/mla_weights.h"
 #include "base/error.h"
 #include "base/numeric.h"
@@ -34,6 +38,8 @@ constexpr double kKpoolTolerance = 1e-6;
 // FMAs; the CPU reduces in position order. The kernel's order emulated on the host is 3.0e-6 from the CPU at the
 // model's shape (64 heads, 2051 positions); the CPU itself is 2.5e-6 from a float64 evaluation.
 constexpr double kAttentionTolerance = 1e-5;
+// The tensor-core prefill rounds q, q̂, the latent rows, the probabilities and ô to fp16 (2^-11 relative each).
+constexpr double kMmaAttentionTolerance = 3e-3;
 constexpr int64_t kKpool = 4, kBlockTokens = 64;
 
 // The host-memory backend the cached rows are written through.
@@ -104,9 +110,7 @@ TEST(CudaDsaTest, KpoolCompressMatchesCpu) {
     const DeviceBuffer ape_dev = to_device(ape);
     for (const Span span : {Span{0, 250}, Span{137, 1}}) {  // a prompt's pools; the one a decode step completes
       std::vector<float> expected(static_cast<size_t>(span.count * dim));
-      for (int64_t p = 0; p < span.count; ++p) {
-        cpu.kpool_compress(keys, gates, ape.data(), span.first + p, kKpool, &expected[static_cast<size_t>(p * dim)]);
-      }
+      cpu.kpool_compress(keys, gates, ape.data(), span.first, span.count, kKpool, expected.data());
       DeviceBuffer pooled(expected.size() * sizeof(float));
       check(kpool_compress(keys_dev.view, gates_dev.view, ape_dev.as<float>(), span.first, span.count, kKpool,
                            pooled.as<float>(), nullptr),
@@ -229,6 +233,64 @@ struct MlaShape {
   DType dtype;  // of kv_b
 };
 
+// One attention call over a scattered cache on the GPU, with the CPU's output for it. The latent cache, the indexer's
+// selection (the CPU's: pooled keys of random values, the model indexer's top 512 pools) and the query are random;
+// kv_b is random in the shape's dtype.
+struct AttentionCall {
+  DeviceMlaWeights weights;
+  DeviceRows latents;
+  DeviceBuffer query, positions, counts, out;
+  SparseMlaDeviceArgs args;  // everything but the scratch
+  std::vector<float> expected;
+};
+
+AttentionCall attention_call(CpuBackend& cpu, const MlaShape& shape, const Step& step, uint32_t& seed) {
+  const int64_t H = shape.heads, qk = shape.qk_head_dim, vd = shape.v_head_dim, rank = shape.kv_lora_rank;
+  const std::vector<float> kv_b_values = random_values(static_cast<size_t>(H * (qk + vd) * rank), ++seed, 0.05f);
+  std::vector<uint16_t> kv_b_bf16(kv_b_values.size());
+  for (size_t i = 0; i < kv_b_values.size(); ++i) kv_b_bf16[i] = f32_to_bf16(kv_b_values[i]);
+  const void* kv_b_data = shape.dtype == DType::bf16 ? static_cast<const void*>(kv_b_bf16.data())
+                                                     : static_cast<const void*>(kv_b_values.data());
+  const LinearWeight kv_b{.name = "self_attn.kv_b_proj.weight", .dtype = shape.dtype, .out_features = H * (qk + vd),
+                          .in_features = rank, .data = static_cast<const std::byte*>(kv_b_data)};
+  const int64_t T = step.num_tokens, tokens = step.start + T, pools = tokens / kKpool;
+  ScatteredTable seq(blocks_for(tokens));
+  RowBlockPool latent_pool(host(), rank, kBlockTokens), pooled_pool(host(), kNanoIndexer.head_dim, kBlockTokens / kKpool);
+  PagedRows latents(latent_pool, seq.table()), pooled(pooled_pool, seq.table());
+  append_rows(latents, random_values(static_cast<size_t>(tokens * rank), ++seed));
+  append_rows(pooled, random_values(static_cast<size_t>(pools * kNanoIndexer.head_dim), ++seed));
+  const std::vector<float> index_query =
+      random_values(static_cast<size_t>(T * kNanoIndexer.heads * kNanoIndexer.head_dim), ++seed);
+  const std::vector<float> index_weights = random_values(static_cast<size_t>(T * kNanoIndexer.heads), ++seed);
+  const kestrel::testing::IndexerSelection selection = kestrel::testing::select_on_host(
+      cpu, IndexerArgs{.num_tokens = T, .start = step.start, .num_heads = kNanoIndexer.heads,
+                       .head_dim = kNanoIndexer.head_dim, .kpool = kKpool, .topk_pools = kModelIndexer.topk_pools,
+                       .select_tail = step.start > 0, .query = index_query.data(), .weights = index_weights.data(),
+                       .pooled_keys = &pooled});
+  const std::vector<float> query = random_values(static_cast<size_t>(T * H * qk), ++seed);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(qk));
+  AttentionCall call{.weights = DeviceMlaWeights::upload(kv_b, H, qk, vd),
+                     .latents = to_device_rows(latent_pool, seq.table(), tokens),
+                     .query = to_device(query),
+                     .positions = to_device(selection.positions),
+                     .counts = to_device(selection.counts),
+                     .out = DeviceBuffer(static_cast<size_t>(T * H * vd) * sizeof(float)),
+                     .args = {},
+                     .expected = std::vector<float>(static_cast<size_t>(T * H * vd))};
+  cpu.sparse_mla_attention(SparseMlaArgs{.num_tokens = T, .num_heads = H, .qk_head_dim = qk, .v_head_dim = vd,
+                                         .kv_lora_rank = rank, .scale = scale, .query = query.data(), .kv_b = &kv_b,
+                                         .latents = &latents, .positions = selection.positions.data(),
+                                         .counts = selection.counts.data(), .positions_stride = selection.stride,
+                                         .out = call.expected.data()});
+  call.args = SparseMlaDeviceArgs{.num_tokens = T, .num_heads = H, .qk_head_dim = qk, .v_head_dim = vd,
+                                  .kv_lora_rank = rank, .scale = scale, .query = call.query.as<float>(),
+                                  .w_uk = call.weights.w_uk.as<float>(), .w_uv = call.weights.w_uv.as<float>(),
+                                  .latents = call.latents.view, .positions = call.positions.as<int32_t>(),
+                                  .counts = call.counts.as<int32_t>(), .positions_stride = selection.stride,
+                                  .out = call.out.as<float>()};
+  return call;
+}
+
 TEST(CudaDsaTest, SparseMlaAttentionMatchesCpu) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   CpuBackend cpu;
@@ -237,66 +299,50 @@ TEST(CudaDsaTest, SparseMlaAttentionMatchesCpu) {
   // kernel with one head), and a rank the heads kernel is not compiled for (96: a block per token and head).
   for (const MlaShape shape : {MlaShape{4, 64, 64, 128, DType::bf16}, MlaShape{64, 256, 256, 512, DType::f32},
                                MlaShape{5, 32, 48, 64, DType::f32}, MlaShape{3, 32, 32, 96, DType::f32}}) {
-    const int64_t H = shape.heads, qk = shape.qk_head_dim, vd = shape.v_head_dim, rank = shape.kv_lora_rank;
-    const std::vector<float> kv_b_values = random_values(static_cast<size_t>(H * (qk + vd) * rank), ++seed, 0.05f);
-    std::vector<uint16_t> kv_b_bf16(kv_b_values.size());
-    for (size_t i = 0; i < kv_b_values.size(); ++i) kv_b_bf16[i] = f32_to_bf16(kv_b_values[i]);
-    const void* kv_b_data = shape.dtype == DType::bf16 ? static_cast<const void*>(kv_b_bf16.data())
-                                                       : static_cast<const void*>(kv_b_values.data());
-    const LinearWeight kv_b{.name = "self_attn.kv_b_proj.weight", .dtype = shape.dtype, .out_features = H * (qk + vd),
-                            .in_features = rank, .data = static_cast<const std::byte*>(kv_b_data)};
-    const DeviceMlaWeights weights = DeviceMlaWeights::upload(kv_b, H, qk, vd);
     // Positions 0..4 without the tail (the first three attend to nothing), then positions 5997..5999 of a 6000-token
     // context: 512 of 1500 pools and tails of 2, 3 and 0 positions (up to 2051 positions), then 16 tokens at
     // 100..115, then a prefill chunk of 300 tokens at 5600..5899. Split into parts (sparse_mla_splits) but for the
     // chunk, which fills the GPU as it is.
     for (const Step step : {Step{0, 5}, Step{5997, 3}, Step{100, 16}, Step{5600, 300}}) {
-      const int64_t T = step.num_tokens, tokens = step.start + T, pools = tokens / kKpool;
-      ScatteredTable seq(blocks_for(tokens));
-      RowBlockPool latent_pool(host(), rank, kBlockTokens), pooled_pool(host(), kNanoIndexer.head_dim, kBlockTokens / kKpool);
-      PagedRows latents(latent_pool, seq.table()), pooled(pooled_pool, seq.table());
-      append_rows(latents, random_values(static_cast<size_t>(tokens * rank), ++seed));
-      append_rows(pooled, random_values(static_cast<size_t>(pools * kNanoIndexer.head_dim), ++seed));
-      const std::vector<float> index_query =
-          random_values(static_cast<size_t>(T * kNanoIndexer.heads * kNanoIndexer.head_dim), ++seed);
-      const std::vector<float> index_weights = random_values(static_cast<size_t>(T * kNanoIndexer.heads), ++seed);
-      const kestrel::testing::IndexerSelection selection = kestrel::testing::select_on_host(
-          cpu, IndexerArgs{.num_tokens = T, .start = step.start, .num_heads = kNanoIndexer.heads,
-                           .head_dim = kNanoIndexer.head_dim, .kpool = kKpool,
-                           .topk_pools = kModelIndexer.topk_pools, .select_tail = step.start > 0,
-                           .query = index_query.data(), .weights = index_weights.data(), .pooled_keys = &pooled});
-      const int64_t stride = selection.stride;
-      const std::vector<int32_t>& positions = selection.positions;
-      const std::vector<int32_t>& counts = selection.counts;
-
-      const std::vector<float> query = random_values(static_cast<size_t>(T * H * qk), ++seed);
-      const float scale = 1.0f / std::sqrt(static_cast<float>(qk));
-      std::vector<float> expected(static_cast<size_t>(T * H * vd));
-      cpu.sparse_mla_attention(SparseMlaArgs{.num_tokens = T, .num_heads = H, .qk_head_dim = qk, .v_head_dim = vd,
-                                             .kv_lora_rank = rank, .scale = scale, .query = query.data(),
-                                             .kv_b = &kv_b, .latents = &latents, .positions = positions.data(),
-                                             .counts = counts.data(), .positions_stride = stride,
-                                             .out = expected.data()});
-
-      const DeviceRows latents_dev = to_device_rows(latent_pool, seq.table(), tokens);
-      const DeviceBuffer query_dev = to_device(query), positions_dev = to_device(positions);
-      const DeviceBuffer counts_dev = to_device(counts);
-      DeviceBuffer out(expected.size() * sizeof(float));
-      const int64_t scratch_floats = sparse_mla_scratch_floats(T, H, stride, rank);
-      EXPECT_EQ(scratch_floats == 0, T == 300) << "heads " << H << " tokens " << T;
+      AttentionCall call = attention_call(cpu, shape, step, seed);
+      const int64_t T = step.num_tokens;
+      const int64_t scratch_floats =
+          sparse_mla_scratch_floats(T, shape.heads, call.args.positions_stride, shape.kv_lora_rank);
+      EXPECT_EQ(scratch_floats == 0, T == 300) << "heads " << shape.heads << " tokens " << T;
       DeviceBuffer scratch(static_cast<size_t>(std::max<int64_t>(scratch_floats, 1)) * sizeof(float));
-      check(sparse_mla_attention(SparseMlaDeviceArgs{.num_tokens = T, .num_heads = H, .qk_head_dim = qk,
-                                                     .v_head_dim = vd, .kv_lora_rank = rank, .scale = scale,
-                                                     .query = query_dev.as<float>(),
-                                                     .w_uk = weights.w_uk.as<float>(),
-                                                     .w_uv = weights.w_uv.as<float>(), .latents = latents_dev.view,
-                                                     .positions = positions_dev.as<int32_t>(),
-                                                     .counts = counts_dev.as<int32_t>(), .positions_stride = stride,
-                                                     .out = out.as<float>(), .scratch = scratch.as<float>()},
-                                 nullptr),
-            "sparse_mla_attention");
-      EXPECT_LT(relative_difference(to_host<float>(out), expected), kAttentionTolerance)
-          << "heads " << H << " rank " << rank << " start " << step.start;
+      call.args.scratch = scratch.as<float>();
+      check(sparse_mla_attention(call.args, nullptr), "sparse_mla_attention");
+      EXPECT_LT(relative_difference(to_host<float>(call.out), call.expected), kAttentionTolerance)
+          << "heads " << shape.heads << " rank " << shape.kv_lora_rank << " start " << step.start;
+    }
+  }
+}
+
+// Prefill-sized calls on the tensor cores (mla_prefill.h): fp16 q̂, latents, probabilities and ô against the float32
+// CPU, in groups of 128 tokens (so a 300-token call runs as 128, 128 and 44), at GLM-5.3-Flash's shape with a bf16
+// kv_b, the nano model's, and 5 heads at rank 64 (one block's 64 rows mostly empty); a chunk deep in a 5900-token
+// context (up to 2051 positions each) and one from position 0 without the tail (tokens 0..2 attend to nothing).
+TEST(CudaDsaTest, TensorCorePrefillMatchesCpu) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  Gemm gemm;
+  if (!gemm.available()) GTEST_SKIP() << "no cuBLASLt";
+  CpuBackend cpu;
+  uint32_t seed = 170;
+  constexpr int64_t kGroup = 128;
+  for (const MlaShape shape : {MlaShape{64, 256, 256, 512, DType::bf16}, MlaShape{4, 64, 64, 128, DType::bf16},
+                               MlaShape{5, 32, 48, 64, DType::f32}}) {
+    for (const Step step : {Step{5600, 300}, Step{0, 300}}) {
+      const AttentionCall call = attention_call(cpu, shape, step, seed);
+      ASSERT_TRUE(sparse_mla_mma_supported(step.num_tokens, shape.heads, call.args.positions_stride,
+                                           shape.kv_lora_rank));
+      DeviceBuffer scratch(
+          sparse_mla_prefill_scratch_bytes(kGroup, shape.heads, shape.qk_head_dim, shape.kv_lora_rank));
+      sparse_mla_prefill(call.args, call.weights, gemm, scratch.data(), kGroup, nullptr);
+      const double difference = relative_difference(to_host<float>(call.out), call.expected);
+      std::printf("tensor-core prefill, heads %lld rank %lld start %lld: %.3g\n", static_cast<long long>(shape.heads),
+                  static_cast<long long>(shape.kv_lora_rank), static_cast<long long>(step.start), difference);
+      EXPECT_LT(difference, kMmaAttentionTolerance)
+          << "heads " << shape.heads << " rank " << shape.kv_lora_rank << " start " << step.start;
     }
   }
 }

@@ -14,24 +14,30 @@
 
 namespace kestrel {
 
-void CpuBackend::kpool_compress(const PagedRows& keys, const PagedRows& gates, const float* ape, int64_t pool,
-                                int64_t kpool, float* pooled) {
+void CpuBackend::kpool_compress(const PagedRows& keys, const PagedRows& gates, const float* ape, int64_t first_pool,
+                                int64_t num_pools, int64_t kpool, float* pooled_rows) {
   const int64_t dim = keys.row_width();
+  require(num_pools >= 0 && (first_pool + num_pools) * kpool <= std::min(keys.size(), gates.size()),
+          "k-pool compression of pools {}..{} needs rows the cache does not hold", first_pool, first_pool + num_pools);
   std::vector<float> logits(static_cast<size_t>(kpool));
-  for (int64_t c = 0; c < dim; ++c) {
-    float max_logit = -INFINITY;
-    for (int64_t s = 0; s < kpool; ++s) {
-      logits[static_cast<size_t>(s)] = gates.row(pool * kpool + s)[c] + ape[s * dim + c];
-      max_logit = std::max(max_logit, logits[static_cast<size_t>(s)]);
+  for (int64_t p = 0; p < num_pools; ++p) {
+    const int64_t pool = first_pool + p;
+    float* pooled = pooled_rows + p * dim;
+    for (int64_t c = 0; c < dim; ++c) {
+      float max_logit = -INFINITY;
+      for (int64_t s = 0; s < kpool; ++s) {
+        logits[static_cast<size_t>(s)] = gates.row(pool * kpool + s)[c] + ape[s * dim + c];
+        max_logit = std::max(max_logit, logits[static_cast<size_t>(s)]);
+      }
+      float total = 0.0f;
+      for (int64_t s = 0; s < kpool; ++s) {
+        logits[static_cast<size_t>(s)] = std::exp(logits[static_cast<size_t>(s)] - max_logit);
+        total += logits[static_cast<size_t>(s)];
+      }
+      float sum = 0.0f;
+      for (int64_t s = 0; s < kpool; ++s) sum += logits[static_cast<size_t>(s)] / total * keys.row(pool * kpool + s)[c];
+      pooled[c] = sum;
     }
-    float total = 0.0f;
-    for (int64_t s = 0; s < kpool; ++s) {
-      logits[static_cast<size_t>(s)] = std::exp(logits[static_cast<size_t>(s)] - max_logit);
-      total += logits[static_cast<size_t>(s)];
-    }
-    float sum = 0.0f;
-    for (int64_t s = 0; s < kpool; ++s) sum += logits[static_cast<size_t>(s)] / total * keys.row(pool * kpool + s)[c];
-    pooled[c] = sum;
   }
 }
 

@@ -10,6 +10,7 @@
 #include "backend/cuda/elementwise_kernels.h"
 #include "backend/cuda/kda_kernels.h"
 #include "backend/cuda/mhc_kernels.h"
+#include "backend/cuda/mla_prefill.h"
 #include "backend/cuda/mla_weights.h"
 #include "backend/cuda/norm_kernels.h"
 #include "backend/cuda/router_kernels.h"
@@ -29,6 +30,12 @@ struct PlacedMla final : PlacedWeight {
   explicit PlacedMla(DeviceMlaWeights device) : weights(std::move(device)) {}
   DeviceMlaWeights weights;
 };
+
+const DeviceMlaWeights& placed_mla(const LinearWeight& kv_b) {
+  const auto* placed = dynamic_cast<const PlacedMla*>(kv_b.placed.get());
+  require(placed != nullptr, "weight '{}' was not placed on the GPU for attention", kv_b.name);
+  return placed->weights;
+}
 
 // Routed experts: one fused DeviceExperts, or a DeviceLinear per matrix (gate, up, down of expert 0, then 1, ...).
 struct PlacedExperts final : PlacedWeight {
@@ -158,7 +165,8 @@ void CudaBackend::place(WeightVector& vector) {
 void CudaBackend::place_attention_kv_b(LinearWeight& kv_b, int64_t num_heads, int64_t qk_head_dim,
                                        int64_t v_head_dim) {
   auto placed = std::make_shared<const PlacedMla>(DeviceMlaWeights::upload(kv_b, num_heads, qk_head_dim, v_head_dim));
-  placed_bytes_ += placed->weights.w_uk.size() + placed->weights.w_uv.size();
+  const DeviceMlaWeights& w = placed->weights;
+  placed_bytes_ += w.w_uk.size() + w.w_uv.size() + w.w_uk_f16.size() + w.w_uv_f16.size();
   kv_b.placed = std::move(placed);
 }
 
@@ -339,8 +347,7 @@ void CudaBackend::indexer_select(const IndexerArgs& a) {
 
 SparseMlaDeviceArgs CudaBackend::attention_args(const SparseMlaArgs& a, const PagedRows& latents,
                                                int64_t scratch_floats) {
-  const auto* placed = dynamic_cast<const PlacedMla*>(a.kv_b->placed.get());
-  require(placed != nullptr, "weight '{}' was not placed on the GPU for attention", a.kv_b->name);
+  const DeviceMlaWeights& weights = placed_mla(*a.kv_b);
   return SparseMlaDeviceArgs{.num_tokens = a.num_tokens,
                              .num_heads = a.num_heads,
                              .qk_head_dim = a.qk_head_dim,
@@ -348,8 +355,8 @@ SparseMlaDeviceArgs CudaBackend::attention_args(const SparseMlaArgs& a, const Pa
                              .kv_lora_rank = a.kv_lora_rank,
                              .scale = a.scale,
                              .query = a.query,
-                             .w_uk = placed->weights.w_uk.as<float>(),
-                             .w_uv = placed->weights.w_uv.as<float>(),
+                             .w_uk = weights.w_uk.as<float>(),
+                             .w_uv = weights.w_uv.as<float>(),
                              .latents = device_rows(latents),
                              .positions = a.positions,
                              .counts = a.counts,
@@ -360,6 +367,15 @@ SparseMlaDeviceArgs CudaBackend::attention_args(const SparseMlaArgs& a, const Pa
 }
 
 void CudaBackend::sparse_mla_attention(const SparseMlaArgs& a) {
+  if (gemm_.available() &&
+      cuda::sparse_mla_mma_supported(a.num_tokens, a.num_heads, a.positions_stride, a.kv_lora_rank)) {
+    const int64_t group = cuda::sparse_mla_prefill_group_tokens(a.num_heads, a.qk_head_dim, a.kv_lora_rank);
+    const size_t bytes = cuda::sparse_mla_prefill_scratch_bytes(std::min(group, a.num_tokens), a.num_heads,
+                                                                a.qk_head_dim, a.kv_lora_rank);
+    cuda::sparse_mla_prefill(attention_args(a, *a.latents, 0), placed_mla(*a.kv_b), gemm_,
+                             scratch_a_.floats((bytes + sizeof(float) - 1) / sizeof(float)), group, stream_);
+    return;
+  }
   const int64_t scratch =
       cuda::sparse_mla_scratch_floats(a.num_tokens, a.num_heads, a.positions_stride, a.kv_lora_rank);
   check(cuda::sparse_mla_attention(attention_args(a, *a.latents, scratch), stream_), "sparse_mla_attention launch");
@@ -379,9 +395,10 @@ void CudaBackend::sparse_mla_attention_steps(const SparseMlaArgs& a, std::span<c
         "sparse_mla_attention_steps launch");
 }
 
-void CudaBackend::kpool_compress(const PagedRows& keys, const PagedRows& gates, const float* ape, int64_t pool,
-                                 int64_t kpool, float* pooled) {
-  check(cuda::kpool_compress(device_rows(keys), device_rows(gates), ape, pool, 1, kpool, pooled, stream_),
+void CudaBackend::kpool_compress(const PagedRows& keys, const PagedRows& gates, const float* ape, int64_t first_pool,
+                                 int64_t num_pools, int64_t kpool, float* pooled) {
+  check(cuda::kpool_compress(device_rows(keys), device_rows(gates), ape, first_pool, num_pools, kpool, pooled,
+                             stream_),
         "kpool_compress launch");
 }
 

@@ -73,8 +73,8 @@ public:
   void indexer_select(const IndexerArgs& args) override;
   void sparse_mla_attention(const SparseMlaArgs& args) override;
   void sparse_mla_attention_steps(const SparseMlaArgs& args, std::span<const PagedRows* const> latents) override;
-  void kpool_compress(const PagedRows& keys, const PagedRows& gates, const float* ape, int64_t pool, int64_t kpool,
-                      float* pooled) override;
+  void kpool_compress(const PagedRows& keys, const PagedRows& gates, const float* ape, int64_t first_pool,
+                      int64_t num_pools, int64_t kpool, float* pooled) override;
   void route_experts(const RouterArgs& args) override;
   void moe_experts(const MoeArgs& args) override;
   void kda_gate(const float* f, int64_t num_tokens, int64_t num_heads, int64_t head_dim, const float* a_log,

@@ -2,8 +2,11 @@
 #include <climits>
 #include <cmath>
 
+#include <cuda_fp16.h>
+
 #include "backend/cuda/block_reduce.cuh"
 #include "backend/cuda/dsa_kernels.h"
+#include "backend/cuda/mma.cuh"
 
 namespace kestrel::cuda {
 
@@ -604,6 +607,204 @@ __global__ void __launch_bounds__(kThreads) combine_parts_kernel(SparseMlaDevice
   project_values(a, t, h, o_latent, first, min(vd, first + kProjectRows));
 }
 
+// ---- Prefill attention on the tensor cores ----
+
+// A block per (token, 64 heads), 16 warps; q̂ (already scaled by the softmax scale) and the latent rows in fp16,
+// products and softmax in float32. Each step stages 32 of the token's latent rows (cp.async, float32, the next step's
+// in flight during this one's products), converts them to fp16, then: scores S[64 heads, 32 rows] = q̂ Lᵀ, warp w
+// the 16x8 tile (heads 16 (w % 4), rows 8 (w / 4)); the online softmax, 8 threads a head; the output
+// acc[64 heads, rank] += P L, warp w heads 16 (w % 4) and ranks (w / 4) rank/4, its accumulators in registers across
+// steps. fp16 rows are padded by 16 bytes so that ldmatrix's eight row addresses fall in distinct banks.
+constexpr int kMmaHeads = 64;
+constexpr int kMmaRows = 32;
+constexpr int kMmaWarps = 16;
+constexpr int kMmaThreads = kMmaWarps * 32;
+constexpr int kHalfPad = 8;
+constexpr float kLog2e = 1.4426950408889634f;
+
+template <int kRank>
+struct MmaLayout {
+  static constexpr int latent_pitch = kRank + kHalfPad;      // halves, q̂ and fp16 latent rows
+  static constexpr int score_pitch = kMmaRows + 4;           // floats
+  static constexpr int prob_pitch = kMmaRows + kHalfPad;     // halves
+  static constexpr size_t q_bytes = size_t{kMmaHeads} * latent_pitch * 2;
+  static constexpr size_t rows_bytes = size_t{kMmaRows} * latent_pitch * 2;
+  static constexpr size_t stage_bytes = size_t{kMmaRows} * kRank * 4;
+  static constexpr size_t score_bytes = size_t{kMmaHeads} * score_pitch * 4;
+  static constexpr size_t prob_bytes = size_t{kMmaHeads} * prob_pitch * 2;
+  static constexpr size_t bytes = q_bytes + rows_bytes + stage_bytes + score_bytes + prob_bytes + 3 * kMmaHeads * 4;
+};
+
+__device__ __forceinline__ uint32_t half2_bits(__half2 h) { return *reinterpret_cast<uint32_t*>(&h); }
+
+template <int kRank>
+__global__ void __launch_bounds__(kMmaThreads, 1) sparse_mla_mma_kernel(SparseMlaDeviceArgs a, __half* qhat) {
+  using Layout = MmaLayout<kRank>;
+  constexpr int kPitch = Layout::latent_pitch;
+  constexpr int kStageVectors = kMmaRows * kRank / 4;  // float4s of one step's rows
+  constexpr int kValueTiles = kRank / 32;               // 8-rank tiles of a warp's output
+  extern __shared__ float4 shared_vectors[];
+  auto* base = reinterpret_cast<unsigned char*>(shared_vectors);
+  __half* q_shared = reinterpret_cast<__half*>(base);
+  __half* rows = reinterpret_cast<__half*>(base + Layout::q_bytes);
+  float* stage = reinterpret_cast<float*>(base + Layout::q_bytes + Layout::rows_bytes);
+  float* scores = stage + kMmaRows * kRank;
+  __half* probs = reinterpret_cast<__half*>(scores + kMmaHeads * Layout::score_pitch);
+  float* row_max = reinterpret_cast<float*>(probs + kMmaHeads * Layout::prob_pitch);
+  float* row_total = row_max + kMmaHeads;
+  float* row_rescale = row_total + kMmaHeads;
+
+  const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
+  const int64_t t = blockIdx.x;
+  const int64_t first_head = static_cast<int64_t>(blockIdx.y) * kMmaHeads;
+  const int live_heads = static_cast<int>(a.num_heads - first_head < kMmaHeads ? a.num_heads - first_head : kMmaHeads);
+  __half* q_rows = qhat + (t * a.num_heads + first_head) * kRank;
+  for (int i = tid; i < kMmaHeads * kRank / 8; i += kMmaThreads) {
+    const int row = i / (kRank / 8), column = i % (kRank / 8);
+    const uint4 v = row < live_heads ? reinterpret_cast<const uint4*>(q_rows + row * kRank)[column]
+                                     : make_uint4(0, 0, 0, 0);
+    reinterpret_cast<uint4*>(q_shared + row * kPitch)[column] = v;
+  }
+  if (tid < kMmaHeads) {
+    row_max[tid] = -INFINITY;
+    row_total[tid] = 0.0f;
+  }
+
+  const int count = a.counts[t];
+  const int32_t* positions = a.positions + t * a.positions_stride;
+  const auto stage_rows = [&](int first) {
+    for (int i = tid; i < kStageVectors; i += kMmaThreads) {
+      const int row = i / (kRank / 4), column = i % (kRank / 4);
+      const bool valid = first + row < count;  // rows past the token's last are zeros
+      const float* source = valid ? latent_row(a, t, positions[first + row]) + column * 4 : a.latents.pool;
+      copy_async_16(stage + row * kRank + column * 4, source, valid);
+    }
+    copy_async_commit();
+  };
+  if (count > 0) stage_rows(0);
+
+  const int head_tile = warp % 4, column_group = warp / 4;
+  const int g = lane >> 2, quad = lane & 3;
+  const int rank0 = column_group * (kRank / 4);
+  float acc[kValueTiles][4] = {};
+  // ldmatrix row addresses: q̂ and probabilities as A (16 rows, two 8-column halves), the latent rows as B of the
+  // scores (8 rows, two k halves) and, transposed, of the values (16 rows, two 8-rank tiles).
+  const __half* q_lane = q_shared + (head_tile * 16 + (lane & 15)) * kPitch + (lane >> 4) * 8;
+  const __half* key_lane = rows + (column_group * 8 + (lane & 7)) * kPitch + ((lane >> 3) & 1) * 8;
+  const __half* prob_lane = probs + (head_tile * 16 + (lane & 15)) * Layout::prob_pitch + (lane >> 4) * 8;
+  const __half* value_lane = rows + ((lane & 7) + ((lane >> 3) & 1) * 8) * kPitch + rank0 + (lane >> 4) * 8;
+
+  for (int first = 0; first < count; first += kMmaRows) {
+    copy_async_wait_all();
+    __syncthreads();  // this step's rows are staged; the previous step is done with rows and probs
+    for (int i = tid; i < kStageVectors; i += kMmaThreads) {
+      const int row = i / (kRank / 4), column = i % (kRank / 4);
+      const float4 v = reinterpret_cast<const float4*>(stage)[i];
+      *reinterpret_cast<uint2*>(rows + row * kPitch + column * 4) =
+          make_uint2(half2_bits(__floats2half2_rn(v.x, v.y)), half2_bits(__floats2half2_rn(v.z, v.w)));
+    }
+    __syncthreads();  // fp16 rows complete, the stage free
+    if (first + kMmaRows < count) stage_rows(first + kMmaRows);
+
+    float s[4] = {};
+#pragma unroll 8
+    for (int k0 = 0; k0 < kRank; k0 += 16) {
+      uint32_t q_frag[4], key_frag[2];
+      ldmatrix_x4(q_frag, q_lane + k0);
+      ldmatrix_x2(key_frag, key_lane + k0);
+      mma_16x8x16<MmaInput::f16>(s, q_frag[0], q_frag[1], q_frag[2], q_frag[3], key_frag[0], key_frag[1]);
+    }
+    float* score_row = scores + (head_tile * 16 + g) * Layout::score_pitch + column_group * 8 + 2 * quad;
+    score_row[0] = s[0];
+    score_row[1] = s[1];
+    score_row[8 * Layout::score_pitch] = s[2];
+    score_row[8 * Layout::score_pitch + 1] = s[3];
+    __syncthreads();
+
+    {  // online softmax: threads 8h..8h+7 (one warp's lanes) take head h, 4 rows each
+      const int head = tid >> 3, part = tid & 7, n = min(kMmaRows, count - first);
+      float v[4], step_max = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int c = part * 4 + j;
+        v[j] = c < n ? scores[head * Layout::score_pitch + c] : -INFINITY;
+        step_max = fmaxf(step_max, v[j]);
+      }
+      for (int offset = 4; offset > 0; offset >>= 1) {
+        step_max = fmaxf(step_max, __shfl_xor_sync(0xFFFFFFFFu, step_max, offset));
+      }
+      const float old_max = row_max[head];  // read by all 8 lanes before the shuffles below, written after them
+      const float new_max = fmaxf(old_max, step_max);
+      float sum = 0.0f;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float p = part * 4 + j < n ? exp2f((v[j] - new_max) * kLog2e) : 0.0f;
+        sum += p;
+        probs[head * Layout::prob_pitch + part * 4 + j] = __float2half_rn(p);
+      }
+      for (int offset = 4; offset > 0; offset >>= 1) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, offset);
+      if (part == 0) {
+        const float rescale = exp2f((old_max - new_max) * kLog2e);  // 0 on the first step
+        row_rescale[head] = rescale;
+        row_total[head] = row_total[head] * rescale + sum;
+        row_max[head] = new_max;
+      }
+    }
+    __syncthreads();
+
+    const float rescale_g = row_rescale[head_tile * 16 + g], rescale_g8 = row_rescale[head_tile * 16 + g + 8];
+#pragma unroll
+    for (int j = 0; j < kValueTiles; ++j) {
+      acc[j][0] *= rescale_g;
+      acc[j][1] *= rescale_g;
+      acc[j][2] *= rescale_g8;
+      acc[j][3] *= rescale_g8;
+    }
+#pragma unroll
+    for (int k0 = 0; k0 < kMmaRows; k0 += 16) {
+      uint32_t p_frag[4];
+      ldmatrix_x4(p_frag, prob_lane + k0);
+#pragma unroll
+      for (int j = 0; j < kValueTiles; j += 2) {
+        uint32_t v_frag[4];
+        ldmatrix_x4_trans(v_frag, value_lane + k0 * kPitch + j * 8);
+        mma_16x8x16<MmaInput::f16>(acc[j], p_frag[0], p_frag[1], p_frag[2], p_frag[3], v_frag[0], v_frag[1]);
+        mma_16x8x16<MmaInput::f16>(acc[j + 1], p_frag[0], p_frag[1], p_frag[2], p_frag[3], v_frag[2], v_frag[3]);
+      }
+    }
+  }
+  __syncthreads();  // row totals final (and visible when the token had no rows)
+
+  // ô = acc / total over q̂'s rows, which only this block reads.
+  const int row_g = head_tile * 16 + g, row_g8 = row_g + 8;
+  const float inverse_g = row_total[row_g] > 0.0f ? 1.0f / row_total[row_g] : 0.0f;
+  const float inverse_g8 = row_total[row_g8] > 0.0f ? 1.0f / row_total[row_g8] : 0.0f;
+#pragma unroll
+  for (int j = 0; j < kValueTiles; ++j) {
+    const int rank = rank0 + j * 8 + 2 * quad;
+    if (row_g < live_heads) {
+      *reinterpret_cast<__half2*>(q_rows + row_g * kRank + rank) =
+          __floats2half2_rn(acc[j][0] * inverse_g, acc[j][1] * inverse_g);
+    }
+    if (row_g8 < live_heads) {
+      *reinterpret_cast<__half2*>(q_rows + row_g8 * kRank + rank) =
+          __floats2half2_rn(acc[j][2] * inverse_g8, acc[j][3] * inverse_g8);
+    }
+  }
+}
+
+template <int kRank>
+cudaError_t launch_mma_kernel(const SparseMlaDeviceArgs& a, __half* qhat, cudaStream_t stream) {
+  const size_t shared = MmaLayout<kRank>::bytes;
+  if (const cudaError_t status = allow_shared(sparse_mla_mma_kernel<kRank>, shared); status != cudaSuccess) {
+    return status;
+  }
+  const dim3 grid(static_cast<unsigned>(a.num_tokens),
+                  static_cast<unsigned>((a.num_heads + kMmaHeads - 1) / kMmaHeads));
+  sparse_mla_mma_kernel<kRank><<<grid, kMmaThreads, shared, stream>>>(a, qhat);
+  return cudaGetLastError();
+}
+
 bool valid_rows(const DevicePagedRows& rows, int64_t width) {
   return rows.block_rows > 0 && rows.row_width == width && rows.num_rows >= 0 &&
          (rows.num_rows == 0 || (rows.pool != nullptr && rows.block_ids != nullptr));
@@ -735,6 +936,26 @@ cudaError_t sparse_mla_attention(const SparseMlaDeviceArgs& a, cudaStream_t stre
     combine_parts_kernel<<<dim3(pairs, row_blocks), kThreads, combine_shared, stream>>>(a, static_cast<int>(parts));
   }
   return cudaGetLastError();
+}
+
+bool sparse_mla_mma_supported(int64_t num_tokens, int64_t num_heads, int64_t positions_stride, int64_t kv_lora_rank) {
+  const bool rank_compiled = kv_lora_rank == 64 || kv_lora_rank == 128 || kv_lora_rank == 256 || kv_lora_rank == 512;
+  return rank_compiled && num_tokens > 0 && sparse_mla_splits(num_tokens, num_heads, positions_stride) == 1;
+}
+
+cudaError_t sparse_mla_mma_attend(const SparseMlaDeviceArgs& a, void* qhat, cudaStream_t stream) {
+  const bool valid = a.num_tokens >= 0 && a.num_tokens <= INT_MAX && a.num_heads > 0 && qhat != nullptr &&
+                     valid_rows(a.latents, a.kv_lora_rank) && a.latents.row_width % 4 == 0;
+  if (!valid) return cudaErrorInvalidValue;
+  if (a.num_tokens == 0) return cudaSuccess;
+  auto* q = static_cast<__half*>(qhat);
+  switch (a.kv_lora_rank) {
+    case 64: return launch_mma_kernel<64>(a, q, stream);
+    case 128: return launch_mma_kernel<128>(a, q, stream);
+    case 256: return launch_mma_kernel<256>(a, q, stream);
+    case 512: return launch_mma_kernel<512>(a, q, stream);
+    default: return cudaErrorInvalidValue;
+  }
 }
 
 cudaError_t sparse_mla_attention_steps(const SparseMlaDeviceArgs& a, const int32_t* const* block_ids,

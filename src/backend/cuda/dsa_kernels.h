@@ -17,8 +17,8 @@
 // an online softmax: q̂ = W_UKᵀ q, the selected latents in chunks of 32 rows, then o = W_UV ô. A decode step splits
 // each token's positions into parts (flash-decoding): q̂ first by blocks of ranks, then a block per (token, 16 heads,
 // part), then one per (token × head, 32 output rows) merging the parts and applying W_UV. Ranks other than 32 × 1, 2,
-// 4, 8 or 16 take a block per (token × head). Prefill wants the indexer scores and attention on the tensor cores
-// (each block here re-reads the keys, and W_UK, per token).
+// 4, 8 or 16 take a block per (token × head). Prefill-sized calls at ranks 64..512 run on the tensor cores instead
+// (sparse_mla_mma_attend between two batched per-head products, mla_prefill.h); the indexer's scores do not yet.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -116,5 +116,14 @@ cudaError_t sparse_mla_attention(const SparseMlaDeviceArgs& args, cudaStream_t s
 // args.scratch holds sparse_mla_steps_scratch_floats(...) floats.
 cudaError_t sparse_mla_attention_steps(const SparseMlaDeviceArgs& args, const int32_t* const* block_ids,
                                        cudaStream_t stream);
+
+// Prefill on the tensor cores (mla_prefill.h runs it between two per-head products): whether a call of this shape
+// takes it (one that sparse_mla_splits leaves in one part, at a rank the kernel is compiled for: 64, 128, 256, 512).
+bool sparse_mla_mma_supported(int64_t num_tokens, int64_t num_heads, int64_t positions_stride, int64_t kv_lora_rank);
+// The attention itself: qhat is fp16 [num_tokens, num_heads, kv_lora_rank], each token's q̂ already times the
+// softmax scale; the token attends over its selected latent rows (taken in fp16) with float32 products, and its
+// normalised ô replaces q̂ in place (zeros for a token with no positions). args.query, w_uk, w_uv, out and scratch are
+// not used.
+cudaError_t sparse_mla_mma_attend(const SparseMlaDeviceArgs& args, void* qhat, cudaStream_t stream);
 
 }  // namespace kestrel::cuda

@@ -1,6 +1,7 @@
 #include "backend/cuda/elementwise_kernels.h"
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include "backend/cuda/dependent_launch.cuh"
 #include "backend/cuda/swiglu.cuh"
@@ -29,6 +30,11 @@ __global__ void split_bf16_kernel(const float* x, int64_t n, uint16_t* high, uin
   const __nv_bfloat16 h = __float2bfloat16_rn(x[i]);
   high[i] = __bfloat16_as_ushort(h);
   low[i] = __bfloat16_as_ushort(__float2bfloat16_rn(x[i] - __bfloat162float(h)));
+}
+
+__global__ void to_f16_kernel(const float* x, int64_t n, uint16_t* out) {
+  const int64_t i = element_index();
+  if (i < n) out[i] = __half_as_ushort(__float2half_rn(x[i]));
 }
 
 __global__ void sigmoid_kernel(float* x, int64_t n) {
@@ -113,6 +119,12 @@ cudaError_t clamped_swiglu(const float* gate, const float* up, int64_t n, float 
 cudaError_t split_bf16(const float* x, int64_t n, uint16_t* high, uint16_t* low, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
   split_bf16_kernel<<<blocks_for(n), kThreads, 0, stream>>>(x, n, high, low);
+  return cudaGetLastError();
+}
+
+cudaError_t to_f16(const float* x, int64_t n, uint16_t* out, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  to_f16_kernel<<<blocks_for(n), kThreads, 0, stream>>>(x, n, out);
   return cudaGetLastError();
 }
 

@@ -12,6 +12,8 @@ cudaError_t fill(float* x, int64_t n, float value, cudaStream_t stream);
 // x as the sum of two bf16 terms for tensor-core products: high[i] = x[i] rounded to bf16 (nearest even), low[i] =
 // the rest rounded to bf16 (16 significant bits in all, as the float32 activations times bf16 weights need).
 cudaError_t split_bf16(const float* x, int64_t n, uint16_t* high, uint16_t* low, cudaStream_t stream);
+// out[i] = x[i] rounded to fp16 (nearest even), as fp16 bits.
+cudaError_t to_f16(const float* x, int64_t n, uint16_t* out, cudaStream_t stream);
 // out[rows[i], :] = src[i, :] for i < num_rows (src [num_rows, cols]); rows must be distinct and index out.
 cudaError_t scatter_rows(const float* src, const int32_t* rows, int64_t num_rows, int64_t cols, float* out,
                          cudaStream_t stream);

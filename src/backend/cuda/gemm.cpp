@@ -3,6 +3,9 @@
 #include <cublasLt.h>
 #include <dlfcn.h>
 
+#include <cstdint>
+#include <utility>
+
 #include "base/error.h"
 #include "base/log.h"
 
@@ -18,6 +21,7 @@ struct Gemm::Api {
   decltype(&cublasLtMatmulDescSetAttribute) desc_set;
   decltype(&cublasLtMatrixLayoutCreate) layout_create;
   decltype(&cublasLtMatrixLayoutDestroy) layout_destroy;
+  decltype(&cublasLtMatrixLayoutSetAttribute) layout_set;
   decltype(&cublasLtMatmulPreferenceCreate) preference_create;
   decltype(&cublasLtMatmulPreferenceDestroy) preference_destroy;
   decltype(&cublasLtMatmulPreferenceSetAttribute) preference_set;
@@ -58,6 +62,7 @@ const Gemm::Api* load_api() {
                      resolve(library, "cublasLtMatmulDescSetAttribute", loaded.desc_set) &&
                      resolve(library, "cublasLtMatrixLayoutCreate", loaded.layout_create) &&
                      resolve(library, "cublasLtMatrixLayoutDestroy", loaded.layout_destroy) &&
+                     resolve(library, "cublasLtMatrixLayoutSetAttribute", loaded.layout_set) &&
                      resolve(library, "cublasLtMatmulPreferenceCreate", loaded.preference_create) &&
                      resolve(library, "cublasLtMatmulPreferenceDestroy", loaded.preference_destroy) &&
                      resolve(library, "cublasLtMatmulPreferenceSetAttribute", loaded.preference_set) &&
@@ -107,6 +112,19 @@ Gemm::~Gemm() {
 
 void Gemm::run(GemmInput input, const void* x, int64_t num_tokens, int64_t k, const void* w, GemmWeights layout,
                int64_t n, float* y, cudaStream_t stream, bool accumulate) {
+  const GemmBatch one{.x_ld = k, .y_ld = n};
+  matmul(input, x, num_tokens, k, w, layout, n, y, one, accumulate ? 1.0f : 0.0f, stream);
+}
+
+void Gemm::run_batched(GemmInput input, const void* x, int64_t num_tokens, int64_t k, const void* w,
+                       GemmWeights layout, int64_t n, void* y, const GemmBatch& batch, cudaStream_t stream) {
+  require(batch.count >= 1 && batch.count <= INT32_MAX && batch.x_ld >= k && batch.y_ld >= n,
+          "a batched product needs a positive count and rows at least as wide as its shape");
+  matmul(input, x, num_tokens, k, w, layout, n, y, batch, 0.0f, stream);
+}
+
+void Gemm::matmul(GemmInput input, const void* x, int64_t num_tokens, int64_t k, const void* w, GemmWeights layout,
+                  int64_t n, void* y, const GemmBatch& batch, float beta, cudaStream_t stream) {
   require(available(), "cuBLASLt is not loaded");
   if (num_tokens == 0 || n == 0) return;
   if (handle_ == nullptr) {  // made on first use: the backend owning this object may not have set its device yet
@@ -116,10 +134,10 @@ void Gemm::run(GemmInput input, const void* x, int64_t num_tokens, int64_t k, co
     workspace_ = DeviceBuffer(kWorkspaceBytes);
   }
   if (plans_.size() >= kMaxPlans) plans_.clear();
-  std::unique_ptr<Plan>& plan = plans_[Shape{input, layout, num_tokens, k, n}];
+  std::unique_ptr<Plan>& plan = plans_[Shape{input, layout, num_tokens, k, n, batch}];
   if (!plan) {
-    // D[n, T] = op(A) · B, column-major: y row-major [T, n]; x row-major [T, k] is B [k, T]; W [n, k] row-major is
-    // A [k, n] taken transposed, Ŵ [k, n] row-major is A [n, k] as it is.
+    // D[n, T] = op(A) · B, column-major: y row-major [T, n] (rows y_ld apart); x row-major [T, k] is B [k, T]; W [n, k]
+    // row-major is A [k, n] taken transposed, Ŵ [k, n] row-major is A [n, k] as it is.
     auto built = std::make_unique<Plan>();
     built->api = api_;
     const cudaDataType_t type = input == GemmInput::bf16 ? CUDA_R_16BF : CUDA_R_16F;
@@ -133,8 +151,22 @@ void Gemm::run(GemmInput input, const void* x, int64_t num_tokens, int64_t k, co
     } else {
       check_blas(*api_, api_->layout_create(&built->a, type, u(n), u(k), n), "weight layout");
     }
-    check_blas(*api_, api_->layout_create(&built->b, type, u(k), u(num_tokens), k), "input layout");
-    check_blas(*api_, api_->layout_create(&built->d, CUDA_R_32F, u(n), u(num_tokens), n), "output layout");
+    check_blas(*api_, api_->layout_create(&built->b, type, u(k), u(num_tokens), batch.x_ld), "input layout");
+    check_blas(*api_,
+               api_->layout_create(&built->d, batch.y_f16 ? CUDA_R_16F : CUDA_R_32F, u(n), u(num_tokens), batch.y_ld),
+               "output layout");
+    if (batch.count > 1) {
+      const auto count = static_cast<int32_t>(batch.count);
+      const std::pair<cublasLtMatrixLayout_t, int64_t> strides[] = {
+          {built->a, batch.w_stride}, {built->b, batch.x_stride}, {built->d, batch.y_stride}};
+      for (const auto& [matrix, stride] : strides) {
+        check_blas(*api_, api_->layout_set(matrix, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)),
+                   "batch count");
+        check_blas(*api_,
+                   api_->layout_set(matrix, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)),
+                   "batch stride");
+      }
+    }
     cublasLtMatmulPreference_t preference = nullptr;
     check_blas(*api_, api_->preference_create(&preference), "preference");
     const size_t workspace = workspace_.size();
@@ -152,7 +184,7 @@ void Gemm::run(GemmInput input, const void* x, int64_t num_tokens, int64_t k, co
     built->algo = result.algo;
     plan = std::move(built);
   }
-  const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+  const float alpha = batch.alpha;
   check_blas(*api_,
              api_->matmul(static_cast<cublasLtHandle_t>(handle_), plan->operation, &alpha, w, plan->a, x, plan->b,
                           &beta, y, plan->d, y, plan->d, &plan->algo, workspace_.data(), workspace_.size(), stream),

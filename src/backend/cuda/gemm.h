@@ -21,6 +21,18 @@ enum class GemmInput { f16, bf16 };
 // (y = x Ŵ).
 enum class GemmWeights { rows_are_outputs, rows_are_inputs };
 
+// Several products of one shape in one call (per-head projections): product i reads x + i * x_stride and
+// w + i * w_stride and writes y + i * y_stride (in elements); rows of x and y lie x_ld and y_ld elements apart, so a
+// head's slice of [T, heads, k] activations is read and written in place. y is float32, or fp16 with y_f16; y = alpha
+// x · B.
+struct GemmBatch {
+  int64_t count = 1;
+  int64_t x_ld = 0, x_stride = 0, w_stride = 0, y_ld = 0, y_stride = 0;
+  float alpha = 1.0f;
+  bool y_f16 = false;
+  auto operator<=>(const GemmBatch&) const = default;
+};
+
 class Gemm {
 public:
   struct Api;  // the cuBLASLt entry points, resolved once per process
@@ -36,10 +48,15 @@ public:
   // kestrel::Error.
   void run(GemmInput input, const void* x, int64_t num_tokens, int64_t k, const void* w, GemmWeights layout,
            int64_t n, float* y, cudaStream_t stream, bool accumulate = false);
+  // batch.count products y_i = alpha x_i · B_i, laid out as GemmBatch says (x_ld >= k, y_ld >= n).
+  void run_batched(GemmInput input, const void* x, int64_t num_tokens, int64_t k, const void* w, GemmWeights layout,
+                   int64_t n, void* y, const GemmBatch& batch, cudaStream_t stream);
 
 private:
   struct Plan;
-  using Shape = std::tuple<GemmInput, GemmWeights, int64_t, int64_t, int64_t>;  // input, layout, T, k, n
+  using Shape = std::tuple<GemmInput, GemmWeights, int64_t, int64_t, int64_t, GemmBatch>;  // input, layout, T, k, n
+  void matmul(GemmInput input, const void* x, int64_t num_tokens, int64_t k, const void* w, GemmWeights layout,
+              int64_t n, void* y, const GemmBatch& batch, float beta, cudaStream_t stream);
   const Api* api_ = nullptr;
   void* handle_ = nullptr;  // cublasLtHandle_t
   DeviceBuffer workspace_;

@@ -1,5 +1,7 @@
 #include "backend/cuda/mla_weights.h"
 
+#include <cuda_fp16.h>
+
 #include <vector>
 
 #include "base/error.h"
@@ -27,6 +29,13 @@ DeviceMlaWeights DeviceMlaWeights::upload(const LinearWeight& kv_b, int64_t head
   DeviceMlaWeights weights;
   weights.w_uk = DeviceBuffer::copy_of(w_uk.data(), w_uk.size() * sizeof(float));
   weights.w_uv = DeviceBuffer::copy_of(w_uv.data(), w_uv.size() * sizeof(float));
+  const auto to_f16 = [](const std::vector<float>& values) {
+    std::vector<__half> halves(values.size());
+    for (size_t i = 0; i < values.size(); ++i) halves[i] = __float2half_rn(values[i]);
+    return DeviceBuffer::copy_of(halves.data(), halves.size() * sizeof(__half));
+  };
+  weights.w_uk_f16 = to_f16(w_uk);
+  weights.w_uv_f16 = to_f16(w_uv);
   weights.heads = heads;
   weights.qk_head_dim = qk_head_dim;
   weights.v_head_dim = v_head_dim;

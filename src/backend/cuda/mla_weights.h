@@ -1,7 +1,8 @@
 // MLA's up-projection kv_b_proj split for the absorbed form that sparse_mla_attention (dsa_kernels.h) runs: per head,
 // W_UK [qk_head_dim, kv_lora_rank] maps queries into the latent space (q̂ = W_UKᵀ q) and W_UV [v_head_dim,
 // kv_lora_rank] maps the attended latent back out (o = W_UV ô). Dequantised to float32 once at load, whatever the
-// stored format: 64 MiB per layer at GLM-5.3-Flash's 64 heads x (256 + 256) x 512.
+// stored format: 64 MiB per layer at GLM-5.3-Flash's 64 heads x (256 + 256) x 512, which decode steps read; and in
+// fp16 for prefill's per-head products on the tensor cores (32 MiB more; exact for bf16 checkpoints).
 #pragma once
 
 #include <cstdint>
@@ -14,6 +15,7 @@ namespace kestrel::cuda {
 struct DeviceMlaWeights {
   DeviceBuffer w_uk;  // f32 [heads, qk_head_dim, kv_lora_rank]
   DeviceBuffer w_uv;  // f32 [heads, v_head_dim, kv_lora_rank]
+  DeviceBuffer w_uk_f16, w_uv_f16;  // the same in fp16
   int64_t heads = 0, qk_head_dim = 0, v_head_dim = 0, kv_lora_rank = 0;
 
   // kv_b is [heads * (qk_head_dim + v_head_dim), kv_lora_rank]: head h's qk_head_dim rows of W_UK, then its
