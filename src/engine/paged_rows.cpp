@@ -92,6 +92,12 @@ RowRun PagedRows::append_run(int64_t count) {
   return RowRun{.rows = rows, .count = taken};
 }
 
+int64_t PagedRows::append_rows(int64_t count) {
+  const int64_t first = num_rows_;
+  for (int64_t left = count; left > 0;) left -= append_run(left).count;
+  return first;
+}
+
 float* PagedRows::row(int64_t index) {
   const int64_t block_rows = pool_->block_rows();
   return pool_->block(table_->ids()[static_cast<size_t>(index / block_rows)]) + (index % block_rows) * row_width();

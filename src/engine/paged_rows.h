@@ -121,6 +121,9 @@ public:
   float* append();
   // Appends up to `count` rows, as many as fit in the current block, and returns them.
   RowRun append_run(int64_t count);
+  // Appends `count` rows across as many blocks as they take, for Backend::write_rows to fill in one pass; returns
+  // the first one's index.
+  int64_t append_rows(int64_t count);
   float* row(int64_t index);
   const float* row(int64_t index) const;
   // Sets the number of valid rows: shrinking forgets rows, growing adopts rows already in the table's blocks.

@@ -281,13 +281,14 @@ void Glm5NextModel::mla_block(Workspace& ws, const MlaWeights& w, int64_t layer,
     backend_.rms_norm(q_low, T, c.q_lora_rank, w.q_a_norm.data(), eps, q_resid);
     backend_.linear(q_resid, T, w.q_b_proj, query);
   }
-  for (const CallRows& call : calls) {
+  {
+    // The pass's latents normed in one launch, then each call's into its cache in one write.
     const ProfileScope part(profile_, backend_, "mla cache appends");
-    MlaLayerState& state = call.sequence->mla(layer);
-    for (int64_t t = 0; t < call.count;) {
-      const RowRun run = state.latents.append_run(call.count - t);
-      backend_.rms_norm(kv_low + (call.offset + t) * rank, run.count, rank, w.kv_a_norm.data(), eps, run.rows);
-      t += run.count;
+    float* latents = ws.floats(T * rank);
+    backend_.rms_norm(kv_low, T, rank, w.kv_a_norm.data(), eps, latents);
+    for (const CallRows& call : calls) {
+      PagedRows& cache = call.sequence->mla(layer).latents;
+      backend_.write_rows(cache, cache.append_rows(call.count), latents + call.offset * rank, call.count);
     }
   }
 
@@ -306,18 +307,17 @@ void Glm5NextModel::mla_block(Workspace& ws, const MlaWeights& w, int64_t layer,
       backend_.linear(q_resid, T, ix.wq_b, iq);
       backend_.scale(iw, T * IH, 1.0f / std::sqrt(static_cast<float>(IH)));
     }
+    float* normed_keys = ws.floats(T * dim);
+    {
+      const ProfileScope part(profile_, backend_, "mla cache appends");
+      backend_.layer_norm(keys, T, dim, ix.k_norm_weight.data(), ix.k_norm_bias.data(), 1e-6f, normed_keys);
+    }
     for (const CallRows& call : calls) {
       const ProfileScope part(profile_, backend_, "mla cache appends");
       MlaLayerState& state = call.sequence->mla(layer);
-      for (int64_t t = 0; t < call.count;) {
-        const RowRun run = state.index_keys.append_run(call.count - t);
-        const int64_t row = (call.offset + t) * dim;
-        backend_.layer_norm(keys + row, run.count, dim, ix.k_norm_weight.data(), ix.k_norm_bias.data(), 1e-6f,
-                            run.rows);
-        backend_.copy(state.index_gates.append_run(run.count).rows, gates + row,
-                      static_cast<size_t>(run.count * dim) * sizeof(float));
-        t += run.count;
-      }
+      const int64_t row = call.offset * dim;
+      backend_.write_rows(state.index_keys, state.index_keys.append_rows(call.count), normed_keys + row, call.count);
+      backend_.write_rows(state.index_gates, state.index_gates.append_rows(call.count), gates + row, call.count);
       // Pools completed by these tokens are compressed once and kept, a run of the pooled cache's block at a time.
       const int64_t complete = (call.start + call.count) / c.index_kpool;
       for (int64_t pool = state.pooled_keys.size(); pool < complete;) {

@@ -126,6 +126,31 @@ TEST(LinearsTest, EachOutputIsItsOwnLinearAndMismatchedCountsAreRefused) {
 // Backend::sparse_mla_attention_steps (a decode step's attention, which the CUDA backend runs as one pass): token s
 // attends over sequence s's latents, as sparse_mla_attention of that sequence alone gives, with the sequences'
 // blocks interleaved in one pool; a count of sequences that does not match the tokens is an Error.
+// Backend::write_rows' default: rows appended across block boundaries (append_rows) land in their blocks, another
+// sequence's blocks between them untouched; rows outside the appended ones are refused.
+TEST(WriteRowsTest, RowsLandInTheirBlocksAcrossBoundaries) {
+  constexpr int64_t width = 3, block_rows = 4;
+  CpuBackend backend;
+  GrowingBlockSource source;
+  RowBlockPool pool(backend, width, block_rows);
+  BlockTable ours_table(source, backend), other_table(source, backend);
+  PagedRows ours(pool, ours_table), other(pool, other_table);
+  std::fill_n(ours.append(), width, -1.0f);  // row 0, written before
+  for (int64_t r = 0; r < 6; ++r) std::fill_n(other.append(), width, 7.0f);
+  const int64_t first = ours.append_rows(9);  // rows 1..9: the rest of block 0, block 1, two rows of block 2
+  EXPECT_EQ(first, 1);
+  EXPECT_EQ(ours.size(), 10);
+  std::vector<float> src(9 * width);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<float>(i);
+  backend.write_rows(ours, first, src.data(), 9);
+  EXPECT_EQ(ours.row(0)[0], -1.0f);
+  for (int64_t r = 0; r < 9; ++r) {
+    for (int64_t c = 0; c < width; ++c) EXPECT_EQ(ours.row(first + r)[c], static_cast<float>(r * width + c));
+  }
+  for (int64_t r = 0; r < 6; ++r) EXPECT_EQ(other.row(r)[0], 7.0f);
+  EXPECT_THROW(backend.write_rows(ours, 8, src.data(), 3), Error);
+}
+
 TEST(AttentionStepsTest, EachTokenAttendsOverItsOwnSequence) {
   constexpr int64_t H = 2, qk = 8, vd = 8, rank = 16, block_rows = 4;
   CpuBackend backend;

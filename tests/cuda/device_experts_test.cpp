@@ -101,7 +101,9 @@ TEST(CudaExpertsTest, BackendMoeMatchesCpuOnBothPaths) {
   const RandomExperts experts = random_experts(kExperts, kHidden, kIntermediate, 900);
   const std::shared_ptr<const PlacedWeight> placed = gpu.place_experts(experts.weights);
   uint32_t seed = 950;
-  for (const int64_t tokens : {64, 65}) {
+  // 64 tokens: the fused path; 65: grouped by expert, about 22 tokens each (the GEMV); 700: about 233 each, the
+  // EXL3 GEMM path's steps as groups of the 12 experts' matrices (DeviceLinear::forward_jobs).
+  for (const int64_t tokens : {64, 65, 700}) {
     std::vector<int32_t> ids;
     std::vector<float> weights;
     random_routing(tokens, kTopK, kExperts, ++seed, ids, weights);

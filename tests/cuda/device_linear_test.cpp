@@ -115,7 +115,10 @@ TEST(CudaLinearTest, Exl3DecodedOnTheGpuIsBitExactWithTheCpuDecoder) {
       exl3::decode_rotated(m.trellis.data(), m.in_padded, m.out_padded, bits, codebook, expected.data());
       const DeviceLinear linear = DeviceLinear::upload(m.weight(), device_info(0).sm_count);
       DeviceBuffer decoded(expected.size() * sizeof(uint16_t));
-      check(exl3_decode_rotated(*linear.exl3(), decoded.as<uint16_t>(), nullptr), "decode");
+      Exl3Group group;
+      group.count = 1;
+      group.members[0] = Exl3GroupMember{.trellis = linear.exl3()->trellis, .decoded = decoded.as<uint16_t>()};
+      check(exl3_decode_rotated(*linear.exl3(), group, nullptr), "decode");
       std::vector<uint16_t> got(expected.size());
       decoded.download(got.data(), got.size() * sizeof(uint16_t));
       EXPECT_EQ(got, expected) << exl3::codebook_name(codebook) << " bits " << bits;
@@ -145,6 +148,45 @@ TEST(CudaLinearTest, Exl3GemmPathMatchesCpuForEveryCodebookAndBitrate) {
   const std::vector<float> x = random_values(300 * 2048, 5);
   EXPECT_LT(relative_difference(gpu_linear(m.weight(), x, 300, &gemm), cpu_linear(m.weight(), x, 300)),
             kExl3Tolerance);
+}
+
+// DeviceLinear::forward_jobs: 20 EXL3 matrices of one format at GEMM-sized token counts (two groups: 16 and 4, each
+// row count its own), two at GEMV-sized counts, one of another bitrate and an empty job among them; every output
+// matches the CPU, as each matrix alone would.
+TEST(CudaLinearTest, Exl3JobsMatchCpuGroupedOrNot) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  Gemm gemm;
+  ASSERT_TRUE(gemm.available()) << "cuBLASLt did not load on a GPU machine";
+  constexpr int64_t kIn = 256, kOut = 384;
+  std::vector<RandomExl3Matrix> matrices;
+  std::vector<int64_t> tokens;
+  for (int i = 0; i < 24; ++i) {
+    matrices.push_back(random_exl3_matrix(kOut, kIn, i == 7 ? 3 : 4, Codebook::mcg, 300 + static_cast<uint32_t>(i)));
+    tokens.push_back(i == 3 || i == 11 ? 20 + i : i == 5 ? 0 : 48 + 13 * i);
+  }
+  std::vector<DeviceLinear> linears;
+  std::vector<std::vector<float>> xs;
+  std::vector<DeviceBuffer> x_dev, y_dev;
+  for (size_t i = 0; i < matrices.size(); ++i) {
+    linears.push_back(DeviceLinear::upload(matrices[i].weight(), device_info(0).sm_count));
+    xs.push_back(random_values(static_cast<size_t>(tokens[i] * kIn), 400 + static_cast<uint32_t>(i)));
+    x_dev.push_back(testing::to_device(xs.back().empty() ? std::vector<float>(1) : xs.back()));
+    y_dev.emplace_back(static_cast<size_t>(std::max<int64_t>(tokens[i], 1) * kOut) * sizeof(float));
+  }
+  std::vector<LinearJob> jobs;
+  for (size_t i = 0; i < matrices.size(); ++i) {
+    jobs.push_back(LinearJob{.linear = &linears[i], .x = x_dev[i].as<float>(), .num_tokens = tokens[i],
+                             .y = y_dev[i].as<float>()});
+  }
+  Scratch scratch;
+  DeviceLinear::forward_jobs(jobs, scratch, &gemm, nullptr);
+  for (size_t i = 0; i < matrices.size(); ++i) {
+    if (tokens[i] == 0) continue;
+    std::vector<float> got(static_cast<size_t>(tokens[i] * kOut));
+    y_dev[i].download(got.data(), got.size() * sizeof(float));
+    EXPECT_LT(relative_difference(got, cpu_linear(matrices[i].weight(), xs[i], tokens[i])), kExl3Tolerance)
+        << "job " << i << " tokens " << tokens[i];
+  }
 }
 
 TEST(CudaLinearTest, Bf16GemmPathMatchesCpu) {

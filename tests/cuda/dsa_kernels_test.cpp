@@ -121,6 +121,41 @@ TEST(CudaDsaTest, KpoolCompressMatchesCpu) {
   }
 }
 
+// A prefill chunk's cache rows in one launch: rows 37..186 of a sequence on a scattered table (other blocks NaN)
+// land where the block table says, the rows before them and the other sequence's blocks untouched.
+TEST(CudaDsaTest, PagedRowsAreWrittenThroughTheBlockTable) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  constexpr int64_t kWidth = 128, kFirst = 37, kCount = 150;
+  ScatteredTable seq(blocks_for(kFirst + kCount));
+  RowBlockPool pool(host(), kWidth, kBlockTokens);
+  PagedRows rows(pool, seq.table());
+  append_rows(rows, random_values(static_cast<size_t>((kFirst + kCount) * kWidth), 31));
+  DeviceRows device = to_device_rows(pool, seq.table(), kFirst + kCount);
+  const std::vector<float> src = random_values(static_cast<size_t>(kCount * kWidth), 32);
+  const DeviceBuffer src_dev = to_device(src);
+  check(write_paged_rows(device.view, kFirst, src_dev.as<float>(), kCount, nullptr), "write_paged_rows");
+  std::vector<float> after(device.pool.size() / sizeof(float));
+  device.pool.download(after.data(), device.pool.size());
+  const int64_t block_floats = kBlockTokens * kWidth;
+  for (int64_t r = 0; r < kFirst + kCount; ++r) {
+    const int64_t id = seq.table().ids()[static_cast<size_t>(r / kBlockTokens)];
+    const float* got = &after[static_cast<size_t>(id * block_floats + r % kBlockTokens * kWidth)];
+    const float* want = r < kFirst ? rows.row(r) : &src[static_cast<size_t>((r - kFirst) * kWidth)];
+    ASSERT_TRUE(std::equal(got, got + kWidth, want)) << "row " << r;
+  }
+  int64_t untouched = 0;
+  for (size_t b = 0; b * block_floats < after.size(); ++b) {
+    const auto& ids = seq.table().ids();
+    if (std::find(ids.begin(), ids.end(), static_cast<int32_t>(b)) != ids.end()) continue;
+    untouched += std::all_of(after.begin() + static_cast<int64_t>(b) * block_floats,
+                             after.begin() + static_cast<int64_t>(b + 1) * block_floats,
+                             [](float v) { return std::isnan(v); });
+    EXPECT_TRUE(std::isnan(after[b * block_floats])) << "block " << b;
+  }
+  EXPECT_GT(untouched, 0);
+  EXPECT_EQ(write_paged_rows(device.view, kFirst, src_dev.as<float>(), kCount + 1, nullptr), cudaErrorInvalidValue);
+}
+
 struct IndexerShape {
   int64_t heads, head_dim, topk_pools;
 };

@@ -395,6 +395,10 @@ void CudaBackend::sparse_mla_attention_steps(const SparseMlaArgs& a, std::span<c
         "sparse_mla_attention_steps launch");
 }
 
+void CudaBackend::write_rows(PagedRows& rows, int64_t first_row, const float* src, int64_t count) {
+  check(cuda::write_paged_rows(device_rows(rows), first_row, src, count, stream_), "write_paged_rows launch");
+}
+
 void CudaBackend::kpool_compress(const PagedRows& keys, const PagedRows& gates, const float* ape, int64_t first_pool,
                                  int64_t num_pools, int64_t kpool, float* pooled) {
   check(cuda::kpool_compress(device_rows(keys), device_rows(gates), ape, first_pool, num_pools, kpool, pooled,
@@ -458,24 +462,34 @@ void CudaBackend::moe_by_expert(const MoeArgs& a, const std::vector<DeviceLinear
   const int32_t* tokens = int_scratch_.as<int32_t>();
   const int32_t* slot_rows = tokens + slots;
 
-  // Scratch: the slot outputs [slots, D], then per expert its inputs [n, D], gate and up [n, I], outputs [n, D].
+  // Scratch, rows in expert order: the slot outputs [slots, D] (slot order), the inputs [slots, D], the outputs
+  // [slots, D], gate and up [slots, I]. Each projection of every expert is one job list (DeviceLinear::forward_jobs
+  // runs the GEMM-sized ones as groups), the gather, SwiGLU and scatter one launch each for all the slots.
   float* slot_out = moe_scratch_.floats(static_cast<size_t>(slots * D + 2 * slots * D + 2 * slots * I));
   float* xs = slot_out + slots * D;
   float* ys = xs + slots * D;
   float* gate = ys + slots * D;
   float* up = gate + slots * I;
-  int64_t offset = 0;
-  for (int64_t e = 0; e < num_experts; ++e) {
-    const auto n = static_cast<int64_t>(slots_of[static_cast<size_t>(e)].size());
-    if (n == 0) continue;
-    check(gather_rows(a.x, DenseWeightType::f32, D, tokens + offset, n, xs, stream_), "expert input gather");
-    linears[static_cast<size_t>(3 * e)].forward(xs, n, gate, linear_scratch_, &gemm_, stream_);
-    linears[static_cast<size_t>(3 * e + 1)].forward(xs, n, up, linear_scratch_, &gemm_, stream_);
-    check(cuda::clamped_swiglu(gate, up, n * I, a.swiglu_limit, gate, stream_), "expert activation launch");
-    linears[static_cast<size_t>(3 * e + 2)].forward(gate, n, ys, linear_scratch_, &gemm_, stream_);
-    check(scatter_rows(ys, slot_rows + offset, n, D, slot_out, stream_), "expert output scatter");
-    offset += n;
-  }
+  check(gather_rows(a.x, DenseWeightType::f32, D, tokens, slots, xs, stream_), "expert input gather");
+  const auto jobs_of = [&](int64_t which, const float* x, int64_t x_width, float* y, int64_t y_width) {
+    std::vector<LinearJob> jobs;
+    int64_t offset = 0;
+    for (int64_t e = 0; e < num_experts; ++e) {
+      const auto n = static_cast<int64_t>(slots_of[static_cast<size_t>(e)].size());
+      if (n == 0) continue;
+      jobs.push_back(LinearJob{.linear = &linears[static_cast<size_t>(3 * e + which)],
+                               .x = x + offset * x_width,
+                               .num_tokens = n,
+                               .y = y + offset * y_width});
+      offset += n;
+    }
+    DeviceLinear::forward_jobs(jobs, linear_scratch_, &gemm_, stream_);
+  };
+  jobs_of(0, xs, D, gate, I);
+  jobs_of(1, xs, D, up, I);
+  check(cuda::clamped_swiglu(gate, up, slots * I, a.swiglu_limit, gate, stream_), "expert activation launch");
+  jobs_of(2, gate, I, ys, D);
+  check(scatter_rows(ys, slot_rows, slots, D, slot_out, stream_), "expert output scatter");
   check(weighted_slot_sum(slot_out, a.expert_weights, T, k, D, a.out, stream_), "expert combine launch");
 }
 

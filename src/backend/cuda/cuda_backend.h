@@ -73,6 +73,7 @@ public:
   void indexer_select(const IndexerArgs& args) override;
   void sparse_mla_attention(const SparseMlaArgs& args) override;
   void sparse_mla_attention_steps(const SparseMlaArgs& args, std::span<const PagedRows* const> latents) override;
+  void write_rows(PagedRows& rows, int64_t first_row, const float* src, int64_t count) override;
   void kpool_compress(const PagedRows& keys, const PagedRows& gates, const float* ape, int64_t first_pool,
                       int64_t num_pools, int64_t kpool, float* pooled) override;
   void route_experts(const RouterArgs& args) override;

@@ -1,5 +1,6 @@
 #include "backend/cuda/device_linear.h"
 
+#include <algorithm>
 #include <limits>
 #include <vector>
 
@@ -159,19 +160,9 @@ void DeviceLinear::forward_as_gemm(const float* x, int64_t num_tokens, float* y,
   require(exl3_ || dense_type_ == DenseWeightType::bf16, "'{}': no GEMM path for {} weights", name_,
           dense_type_ == DenseWeightType::f8_e4m3 ? "fp8" : "f32/f16");
   if (exl3_) {
-    // Scratch: Ŵ fp16 [in_padded, out_padded], rotated inputs fp16 [T, in_padded], rotated outputs [T, out_padded].
-    const auto T = static_cast<size_t>(num_tokens), k = static_cast<size_t>(view_.in_padded),
-               n = static_cast<size_t>(view_.out_padded);
-    const size_t w_floats = aligned_floats(k * n * 2), x_floats = aligned_floats(T * k * 2);
-    float* base = scratch.floats(w_floats + x_floats + T * n);
-    auto* w = reinterpret_cast<uint16_t*>(base);
-    auto* xr = reinterpret_cast<uint16_t*>(base + w_floats);
-    float* yr = base + w_floats + x_floats;
-    check(exl3_decode_rotated(view_, w, stream), "EXL3 decode launch");
-    check(exl3_rotate_inputs(view_, x, num_tokens, xr, stream), "EXL3 input rotation launch");
-    gemm.run(GemmInput::f16, xr, num_tokens, view_.in_padded, w, GemmWeights::rows_are_inputs, view_.out_padded, yr,
-             stream);
-    check(exl3_rotate_outputs(view_, yr, num_tokens, y, stream), "EXL3 output rotation launch");
+    const LinearJob job{.linear = this, .x = x, .num_tokens = num_tokens, .y = y};
+    const LinearJob* const jobs[] = {&job};
+    exl3_gemm_groups(jobs, scratch, gemm, stream);
   } else {
     // x = high + low in bf16: two products into y, the weights read twice (the tensor-core GEMV splits x the same
     // way), so that the result matches float32 activations to within the float32 sum's rounding.
@@ -183,6 +174,76 @@ void DeviceLinear::forward_as_gemm(const float* x, int64_t num_tokens, float* y,
              out_features_, y, stream);
     gemm.run(GemmInput::bf16, low, num_tokens, in_features_, data_.data(), GemmWeights::rows_are_outputs,
              out_features_, y, stream, /*accumulate=*/true);
+  }
+}
+
+void DeviceLinear::forward_jobs(std::span<const LinearJob> jobs, Scratch& scratch, Gemm* gemm, cudaStream_t stream) {
+  const bool gemm_usable = gemm != nullptr && gemm->available();
+  std::vector<const LinearJob*> grouped;
+  for (const LinearJob& job : jobs) {
+    const DeviceLinear& linear = *job.linear;
+    require(job.num_tokens <= 65535, "CUDA linear '{}': {} tokens in one call (at most 65535)", linear.name_,
+            job.num_tokens);
+    const Exl3DeviceView* first = grouped.empty() ? nullptr : &grouped.front()->linear->view_;
+    const bool joins = gemm_usable && linear.exl3_ && job.num_tokens >= linear.gemm_min_tokens() &&
+                       (first == nullptr ||
+                        (first->bits == linear.view_.bits && first->codebook == linear.view_.codebook &&
+                         first->in_features == linear.view_.in_features &&
+                         first->out_features == linear.view_.out_features &&
+                         first->in_padded == linear.view_.in_padded && first->out_padded == linear.view_.out_padded));
+    if (joins) {
+      grouped.push_back(&job);
+    } else {
+      linear.forward(job.x, job.num_tokens, job.y, scratch, gemm, stream);
+    }
+  }
+  if (!grouped.empty()) exl3_gemm_groups(grouped, scratch, *gemm, stream);
+}
+
+void DeviceLinear::exl3_gemm_groups(std::span<const LinearJob* const> jobs, Scratch& scratch, Gemm& gemm,
+                                    cudaStream_t stream) {
+  const Exl3DeviceView& shape = jobs.front()->linear->view_;
+  const auto k = static_cast<size_t>(shape.in_padded), n = static_cast<size_t>(shape.out_padded);
+  const size_t w_floats = aligned_floats(k * n * 2);
+  const size_t per_group = std::clamp<size_t>(kExl3GemmMaxDecodedBytes / (k * n * 2), 1, kExl3GroupMax);
+  for (size_t first = 0; first < jobs.size(); first += per_group) {
+    const size_t count = std::min(per_group, jobs.size() - first);
+    // Scratch: each member's Ŵ fp16 [in_padded, out_padded], then its rotated inputs fp16 [T, in_padded] and rotated
+    // outputs [T, out_padded].
+    size_t floats = count * w_floats;
+    for (size_t i = 0; i < count; ++i) {
+      const auto T = static_cast<size_t>(jobs[first + i]->num_tokens);
+      floats += aligned_floats(T * k * 2) + aligned_floats(T * n * 4);
+    }
+    float* base = scratch.floats(floats);
+    float* cursor = base + count * w_floats;
+    Exl3Group group;
+    group.count = static_cast<int>(count);
+    float* products[kExl3GroupMax];
+    for (size_t i = 0; i < count; ++i) {
+      const LinearJob& job = *jobs[first + i];
+      const Exl3DeviceView& view = job.linear->view_;
+      const auto T = static_cast<size_t>(job.num_tokens);
+      products[i] = cursor + aligned_floats(T * k * 2);
+      group.members[i] = Exl3GroupMember{.trellis = view.trellis,
+                                         .suh = view.suh,
+                                         .svh = view.svh,
+                                         .num_tokens = job.num_tokens,
+                                         .x = job.x,
+                                         .decoded = reinterpret_cast<uint16_t*>(base + i * w_floats),
+                                         .rotated_x = reinterpret_cast<uint16_t*>(cursor),
+                                         .rotated_y = products[i],
+                                         .y = job.y};
+      cursor = products[i] + aligned_floats(T * n * 4);
+    }
+    check(exl3_decode_rotated(shape, group, stream), "EXL3 decode launch");
+    check(exl3_rotate_inputs(shape, group, stream), "EXL3 input rotation launch");
+    for (size_t i = 0; i < count; ++i) {
+      const Exl3GroupMember& member = group.members[i];
+      gemm.run(GemmInput::f16, member.rotated_x, member.num_tokens, shape.in_padded, member.decoded,
+               GemmWeights::rows_are_inputs, shape.out_padded, products[i], stream);
+    }
+    check(exl3_rotate_outputs(shape, group, stream), "EXL3 output rotation launch");
   }
 }
 

@@ -27,6 +27,16 @@ private:
   DeviceBuffer buffer_;
 };
 
+class DeviceLinear;
+
+// One matrix's share of DeviceLinear::forward_jobs: y [num_tokens, out_features] = x [num_tokens, in_features] Wᵀ.
+struct LinearJob {
+  const DeviceLinear* linear = nullptr;
+  const float* x = nullptr;
+  int64_t num_tokens = 0;
+  float* y = nullptr;
+};
+
 class DeviceLinear {
 public:
   // Copies `weight` to the current device; `sm_count` sizes the EXL3 k-split.
@@ -39,6 +49,10 @@ public:
   // that run the GEMV at this token count go through one launch (bf16_linear_group), the rest one forward each.
   static void forward_shared_input(std::span<const DeviceLinear* const> linears, const float* x, int64_t num_tokens,
                                    std::span<float* const> ys, Scratch& scratch, Gemm* gemm, cudaStream_t stream);
+  // Every job as forward() runs it, but the EXL3 jobs on the GEMM path that share the first such job's shape and
+  // format go through its steps together (exl3_kernels.h's groups: one launch per step for up to kExl3GroupMax
+  // matrices and 256 MiB of decoded weights, then one product each): a MoE layer's experts in a prefill chunk.
+  static void forward_jobs(std::span<const LinearJob> jobs, Scratch& scratch, Gemm* gemm, cudaStream_t stream);
   // The fewest tokens this matrix runs as a GEMM (INT64_MAX: never, for formats without a GEMM path and EXL3
   // matrices too large to decode into scratch).
   int64_t gemm_min_tokens() const;
@@ -65,6 +79,10 @@ public:
   DenseWeightType dense_type() const { return dense_type_; }
 
 private:
+  // The EXL3 large-batch steps for jobs of one shape and format, in groups.
+  static void exl3_gemm_groups(std::span<const LinearJob* const> jobs, Scratch& scratch, Gemm& gemm,
+                               cudaStream_t stream);
+
   std::string name_;
   int64_t in_features_ = 0, out_features_ = 0;
   size_t weight_bytes_ = 0;

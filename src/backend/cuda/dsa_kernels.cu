@@ -38,6 +38,15 @@ cudaError_t allow_shared(Kernel* kernel, size_t bytes) {
   return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
 }
 
+// One thread per element of rows [first_row, ...) (the cache's pool is written: DevicePagedRows is const for the
+// readers).
+__global__ void write_paged_rows_kernel(DevicePagedRows rows, int64_t first_row, const float* src, int64_t n) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const int64_t row = first_row + i / rows.row_width, column = i % rows.row_width;
+  const_cast<float*>(paged_row(rows, row))[column] = src[i];
+}
+
 // ---- k-pool compression ----
 
 // One thread per (pool, channel), the CPU's operations in its order (see the header on rounding).
@@ -811,6 +820,19 @@ bool valid_rows(const DevicePagedRows& rows, int64_t width) {
 }
 
 }  // namespace
+
+cudaError_t write_paged_rows(const DevicePagedRows& rows, int64_t first_row, const float* src, int64_t count,
+                             cudaStream_t stream) {
+  const bool valid = rows.row_width > 0 && valid_rows(rows, rows.row_width) && first_row >= 0 && count >= 0 &&
+                     first_row + count <= rows.num_rows;
+  if (!valid) return cudaErrorInvalidValue;
+  const int64_t n = count * rows.row_width;
+  if (n == 0) return cudaSuccess;
+  const int64_t blocks = (n + kThreads - 1) / kThreads;
+  if (blocks > INT_MAX) return cudaErrorInvalidValue;
+  write_paged_rows_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(rows, first_row, src, n);
+  return cudaGetLastError();
+}
 
 cudaError_t kpool_compress(const DevicePagedRows& keys, const DevicePagedRows& gates, const float* ape,
                            int64_t first_pool, int64_t num_pools, int64_t kpool, float* pooled, cudaStream_t stream) {

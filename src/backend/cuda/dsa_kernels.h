@@ -38,6 +38,11 @@ struct DevicePagedRows {
   int64_t block_rows = 0, row_width = 0, num_rows = 0;
 };
 
+// Rows [first_row, first_row + count) of `rows` (their blocks in the table already) = src [count, row_width]: a
+// prefill chunk's cache rows in one launch.
+cudaError_t write_paged_rows(const DevicePagedRows& rows, int64_t first_row, const float* src, int64_t count,
+                             cudaStream_t stream);
+
 // Pooled indexer keys of pools [first_pool, first_pool + num_pools) into pooled [num_pools, dim] (dim = the keys'
 // row width): per channel, softmax over the pool's kpool slots of gate + ape[slot] weighting the keys. ape is
 // [kpool, dim]; keys and gates must hold every row of those pools.

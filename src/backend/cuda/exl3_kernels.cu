@@ -273,13 +273,17 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) trellis_gemv(GemvParams p
 
 // The large-batch form's three steps. Decoding: one warp per tile (the record index is the tile's), lane l's states
 // 8l..8l+7 at exl3::tile_coord's places, each the fp16 sum of its codebook word's halves (as exl3::decode_state).
+// Grid y is the group's member.
 template <int Bits, int Codebook>
-__global__ void __launch_bounds__(32 * kWarpsPerBlock) decode_tiles(const uint32_t* trellis, int64_t tiles,
-                                                                     int64_t tiles_n, __half* out) {
+__global__ void __launch_bounds__(32 * kWarpsPerBlock) decode_tiles(Exl3Group group, int64_t tiles,
+                                                                     int64_t tiles_n) {
   constexpr int kStreamBits = 256 * Bits, kWords = 8 * Bits;
   const int lane = static_cast<int>(threadIdx.x & 31u);
   const int64_t tile = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   if (tile >= tiles) return;
+  const Exl3GroupMember& member = group.members[blockIdx.y];
+  const uint32_t* trellis = member.trellis;
+  __half* out = reinterpret_cast<__half*>(member.decoded);
   const int first_bit = (8 * lane + 1) * Bits - 16 + kStreamBits;
   uint32_t raw[kLaneWords<Bits>];
   load_tile<Bits>(trellis + tile * kWords, lane, (first_bit >> 5) % kWords, raw);
@@ -306,12 +310,15 @@ __device__ __forceinline__ bool rotation_job(int64_t padded, int64_t num_tokens,
   return job < blocks * num_tokens;
 }
 
-// out[t] = (x[t] ⊙ suh)·H128 per block, zero past in_features, rounded to fp16.
-__global__ void __launch_bounds__(32 * kWarpsPerBlock) rotate_inputs(const float* x, const uint16_t* suh,
-                                                                      int64_t in_features, int64_t in_padded,
-                                                                      int64_t num_tokens, __half* out) {
+// Per member (grid y): rotated_x[t] = (x[t] ⊙ suh)·H128 per block, zero past in_features, rounded to fp16.
+__global__ void __launch_bounds__(32 * kWarpsPerBlock) rotate_inputs(Exl3Group group, int64_t in_features,
+                                                                      int64_t in_padded) {
+  const Exl3GroupMember& member = group.members[blockIdx.y];
+  const float* x = member.x;
+  const uint16_t* suh = member.suh;
+  __half* out = reinterpret_cast<__half*>(member.rotated_x);
   int64_t t = 0, base = 0;
-  if (!rotation_job(in_padded, num_tokens, t, base)) return;
+  if (!rotation_job(in_padded, member.num_tokens, t, base)) return;
   float v[4];
   for (int j = 0; j < 4; ++j) {
     const int64_t i = base + j;
@@ -321,12 +328,15 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) rotate_inputs(const float
   for (int j = 0; j < 4; ++j) out[t * in_padded + base + j] = __float2half_rn(v[j]);
 }
 
-// y[t] = (rotated[t]·H128 ⊙ svh) per block, the first out_features columns.
-__global__ void __launch_bounds__(32 * kWarpsPerBlock) rotate_outputs(const float* rotated, const uint16_t* svh,
-                                                                       int64_t out_features, int64_t out_padded,
-                                                                       int64_t num_tokens, float* y) {
+// Per member (grid y): y[t] = (rotated_y[t]·H128 ⊙ svh) per block, the first out_features columns.
+__global__ void __launch_bounds__(32 * kWarpsPerBlock) rotate_outputs(Exl3Group group, int64_t out_features,
+                                                                       int64_t out_padded) {
+  const Exl3GroupMember& member = group.members[blockIdx.y];
+  const float* rotated = member.rotated_y;
+  const uint16_t* svh = member.svh;
+  float* y = member.y;
   int64_t t = 0, base = 0;
-  if (!rotation_job(out_padded, num_tokens, t, base)) return;
+  if (!rotation_job(out_padded, member.num_tokens, t, base)) return;
   float v[4];
   for (int j = 0; j < 4; ++j) v[j] = rotated[t * out_padded + base + j];
   hadamard128_warp(v);
@@ -397,13 +407,19 @@ bool launchable(const Exl3DeviceView& m) {
   return m.bits >= 1 && m.bits <= 8 && m.in_padded % 128 == 0 && m.out_padded % 128 == 0;
 }
 
-// A rotation kernel over rows `padded` wide: one warp per (token, 128-element block).
+bool valid_group(const Exl3Group& group) { return group.count >= 0 && group.count <= kExl3GroupMax; }
+
+// A rotation kernel over the members' rows, `padded` wide: one warp per (token, 128-element block), grid y the
+// member (warps past a member's rows return).
 template <typename Kernel, typename... Args>
-cudaError_t launch_rotation(const Exl3DeviceView& m, int64_t padded, int64_t num_tokens, cudaStream_t stream,
+cudaError_t launch_rotation(const Exl3DeviceView& m, const Exl3Group& group, int64_t padded, cudaStream_t stream,
                             Kernel kernel, Args... args) {
-  if (!launchable(m)) return cudaErrorInvalidValue;
-  if (num_tokens == 0) return cudaSuccess;
-  kernel<<<warp_blocks(padded / 128 * num_tokens), 32 * kWarpsPerBlock, 0, stream>>>(args...);
+  if (!launchable(m) || !valid_group(group)) return cudaErrorInvalidValue;
+  int64_t most_tokens = 0;
+  for (int i = 0; i < group.count; ++i) most_tokens = std::max(most_tokens, group.members[i].num_tokens);
+  if (most_tokens == 0) return cudaSuccess;
+  const dim3 grid(warp_blocks(padded / 128 * most_tokens), static_cast<unsigned>(group.count));
+  kernel<<<grid, 32 * kWarpsPerBlock, 0, stream>>>(group, args...);
   return cudaGetLastError();
 }
 
@@ -490,27 +506,24 @@ cudaError_t exl3_slot_linear(const Exl3DeviceView& shape, const Exl3Plan& plan, 
   return cudaGetLastError();
 }
 
-cudaError_t exl3_decode_rotated(const Exl3DeviceView& m, uint16_t* out, cudaStream_t stream) {
-  if (!launchable(m)) return cudaErrorInvalidValue;
+cudaError_t exl3_decode_rotated(const Exl3DeviceView& m, const Exl3Group& group, cudaStream_t stream) {
+  if (!launchable(m) || !valid_group(group)) return cudaErrorInvalidValue;
+  if (group.count == 0) return cudaSuccess;
   const int64_t tiles_n = m.out_padded / 16, tiles = m.in_padded / 16 * tiles_n;
+  const dim3 grid(warp_blocks(tiles), static_cast<unsigned>(group.count));
   with_format(m.bits, m.codebook, [&](auto bits, auto codebook) {
-    decode_tiles<decltype(bits)::value, decltype(codebook)::value><<<warp_blocks(tiles), 32 * kWarpsPerBlock, 0,
-                                                                      stream>>>(m.trellis, tiles, tiles_n,
-                                                                                reinterpret_cast<__half*>(out));
+    decode_tiles<decltype(bits)::value, decltype(codebook)::value><<<grid, 32 * kWarpsPerBlock, 0, stream>>>(
+        group, tiles, tiles_n);
   });
   return cudaGetLastError();
 }
 
-cudaError_t exl3_rotate_inputs(const Exl3DeviceView& m, const float* x, int64_t num_tokens, uint16_t* out,
-                               cudaStream_t stream) {
-  return launch_rotation(m, m.in_padded, num_tokens, stream, rotate_inputs, x, m.suh, m.in_features, m.in_padded,
-                         num_tokens, reinterpret_cast<__half*>(out));
+cudaError_t exl3_rotate_inputs(const Exl3DeviceView& m, const Exl3Group& group, cudaStream_t stream) {
+  return launch_rotation(m, group, m.in_padded, stream, rotate_inputs, m.in_features, m.in_padded);
 }
 
-cudaError_t exl3_rotate_outputs(const Exl3DeviceView& m, const float* rotated, int64_t num_tokens, float* y,
-                                cudaStream_t stream) {
-  return launch_rotation(m, m.out_padded, num_tokens, stream, rotate_outputs, rotated, m.svh, m.out_features,
-                         m.out_padded, num_tokens, y);
+cudaError_t exl3_rotate_outputs(const Exl3DeviceView& m, const Exl3Group& group, cudaStream_t stream) {
+  return launch_rotation(m, group, m.out_padded, stream, rotate_outputs, m.out_features, m.out_padded);
 }
 
 }  // namespace kestrel::cuda
