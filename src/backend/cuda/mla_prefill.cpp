@@ -14,10 +14,6 @@ constexpr size_t kAlignment = 256;
 
 size_t aligned(size_t bytes) { return (bytes + kAlignment - 1) / kAlignment * kAlignment; }
 
-void check_launch(cudaError_t status, const char* what) {
-  require(status == cudaSuccess, "{}: {}", what, cudaGetErrorString(status));
-}
-
 }  // namespace
 
 int64_t sparse_mla_prefill_group_tokens(int64_t num_heads, int64_t qk_head_dim, int64_t kv_lora_rank) {
@@ -45,7 +41,7 @@ void sparse_mla_prefill(const SparseMlaDeviceArgs& a, const DeviceMlaWeights& w,
                                            aligned(static_cast<size_t>(group_tokens * H * qk) * 2));
   for (int64_t first = 0; first < a.num_tokens; first += group_tokens) {
     const int64_t n = std::min(group_tokens, a.num_tokens - first);
-    check_launch(to_f16(a.query + first * H * qk, n * H * qk, q16, stream), "sparse MLA prefill: q to fp16");
+    check(to_f16(a.query + first * H * qk, n * H * qk, q16, stream), "sparse MLA prefill: q to fp16");
     // Head h: q̂[:, h, :] = scale · q[:, h, :] W_UK[h], W_UK[h] [qk, rank] row-major.
     gemm.run_batched(GemmInput::f16, q16, n, qk, w.w_uk_f16.data(), GemmWeights::rows_are_inputs, rank, qhat,
                      GemmBatch{.count = H,
@@ -61,7 +57,7 @@ void sparse_mla_prefill(const SparseMlaDeviceArgs& a, const DeviceMlaWeights& w,
     group.num_tokens = n;
     group.positions = a.positions + first * a.positions_stride;
     group.counts = a.counts + first;
-    check_launch(sparse_mla_mma_attend(group, qhat, stream), "sparse MLA prefill: attention");
+    check(sparse_mla_mma_attend(group, qhat, stream), "sparse MLA prefill: attention");
     // Head h: out[:, h, :] = ô[:, h, :] W_UV[h]ᵀ, W_UV[h] [v, rank] row-major.
     gemm.run_batched(GemmInput::f16, qhat, n, rank, w.w_uv_f16.data(), GemmWeights::rows_are_outputs, vd,
                      a.out + first * H * vd,
