@@ -37,10 +37,7 @@ DeviceExperts DeviceExperts::upload(const std::vector<ExpertWeights>& experts, i
   result.gate_shape_ = *result.linears_[0].exl3();
   result.up_shape_ = *result.linears_[1].exl3();
   result.gate_up_table_ = DeviceBuffer::copy_of(gate_up.data(), gate_up.size() * sizeof(Exl3MatrixRef));
-  const Exl3DeviceView &g = result.gate_shape_, &u = result.up_shape_;
-  result.one_gate_up_launch_ = g.bits == u.bits && g.codebook == u.codebook && g.in_padded == u.in_padded &&
-                               g.out_padded == u.out_padded && g.in_features == u.in_features &&
-                               g.out_features == u.out_features;
+  result.one_gate_up_launch_ = same_exl3_format(result.gate_shape_, result.up_shape_);
   result.down_.shape = *result.linears_[2].exl3();
   result.down_.table = DeviceBuffer::copy_of(refs[2].data(), refs[2].size() * sizeof(Exl3MatrixRef));
   result.sm_count_ = sm_count;

@@ -186,11 +186,7 @@ void DeviceLinear::forward_jobs(std::span<const LinearJob> jobs, Scratch& scratc
             job.num_tokens);
     const Exl3DeviceView* first = grouped.empty() ? nullptr : &grouped.front()->linear->view_;
     const bool joins = gemm_usable && linear.exl3_ && job.num_tokens >= linear.gemm_min_tokens() &&
-                       (first == nullptr ||
-                        (first->bits == linear.view_.bits && first->codebook == linear.view_.codebook &&
-                         first->in_features == linear.view_.in_features &&
-                         first->out_features == linear.view_.out_features &&
-                         first->in_padded == linear.view_.in_padded && first->out_padded == linear.view_.out_padded));
+                       (first == nullptr || same_exl3_format(*first, linear.view_));
     if (joins) {
       grouped.push_back(&job);
     } else {

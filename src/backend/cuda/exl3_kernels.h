@@ -30,6 +30,12 @@ struct Exl3DeviceView {
   int64_t in_features = 0, out_features = 0, in_padded = 0, out_padded = 0;
 };
 
+// Whether two matrices have one size, padding, bitrate and codebook: what one launch over several of them needs.
+inline bool same_exl3_format(const Exl3DeviceView& a, const Exl3DeviceView& b) {
+  return a.bits == b.bits && a.codebook == b.codebook && a.in_features == b.in_features &&
+         a.out_features == b.out_features && a.in_padded == b.in_padded && a.out_padded == b.out_padded;
+}
+
 // How a matrix's k dimension is cut for a device: slices of slice_tiles 16-row tiles (a multiple of 8, so that a
 // slice is whole 128-row Hadamard blocks), enough of them to occupy every SM at batch 1.
 struct Exl3Plan {
