@@ -55,6 +55,30 @@ struct KdaArgs {
   float* out;          // [T, heads, head_dim]
 };
 
+// One decode step of the KDA block after its projections, for S sequences of one token each (row s of every [S, ...]
+// tensor is sequence s's; Backend::kda_decode_steps takes each one's conv state [3, K-1, C] (q, k, v) and recurrent
+// state): the causal conv + SiLU of q, k and v, the forget gate (kda_gate), the write strength's sigmoid, the gated
+// delta rule, then per head rms_norm(attended; o_norm, eps) * sigmoid(gate). C = num_heads * head_dim.
+struct KdaDecodeArgs {
+  int64_t num_sequences, num_heads, head_dim, conv_kernel;
+  const float* q_in;  // [S, C] the projections, before the conv
+  const float* k_in;
+  const float* v_in;
+  const float* q_conv;  // [C, conv_kernel]
+  const float* k_conv;
+  const float* v_conv;
+  const float* f;            // [S, C] the forget gate's projection
+  const float* a_log;        // as kda_gate's
+  const float* dt_bias;
+  const float* lower_bound;  // host pointer, or none
+  float* beta;               // [S, heads] write-strength logits; the default turns them into their sigmoid in place
+  const float* gate;         // [S, C] output-gate logits
+  const float* o_norm;       // [head_dim]
+  float eps;
+  float* work;  // 5 * S * C floats for the default's intermediates (q, k, v, g, attended); a fused backend ignores it
+  float* out;   // [S, C]
+};
+
 // One DSA layer's indexer inputs for T new tokens at positions [start, start + T).
 struct IndexerArgs {
   int64_t num_tokens, start;
@@ -170,6 +194,13 @@ public:
     require(weights.size() == ys.size(), "{} matrices for {} outputs", weights.size(), ys.size());
     for (size_t i = 0; i < weights.size(); ++i) linear(x, num_tokens, *weights[i], ys[i]);
   }
+  // y[T, out] = clamped_swiglu(gate, up, limit) [T, in] weight^T, the MLP's down projection of its activation;
+  // hidden [T, in] holds the activation (a backend that applies it inside the product may leave it unwritten).
+  virtual void swiglu_linear(const float* gate, const float* up, int64_t num_tokens, float limit,
+                             const LinearWeight& weight, float* hidden, float* y) {
+    clamped_swiglu(gate, up, num_tokens, weight.in_features, limit, hidden);
+    linear(hidden, num_tokens, weight, y);
+  }
   // out[T, hidden] = rows `ids` of the embedding table (ids in [0, rows), checked by the caller)
   virtual void embed(const int32_t* ids, int64_t num_tokens, const LinearWeight& table, float* out) = 0;
   // y = x / sqrt(mean(x^2) + eps) * weight (weight may be null: unweighted), over rows of width n
@@ -204,25 +235,32 @@ public:
   virtual void kda_chunked(const KdaArgs& args, int64_t chunk_size) = 0;
   virtual void kda_recurrent(const KdaArgs& args) = 0;
 
-  // One decode step of S sequences at once: row s of x/y (of q, k, v, g, beta, out) is sequence s's new token and
-  // conv_states[s] (states[s]) its state; args.num_tokens is S and args.state is not used. The same arithmetic as
-  // the single-sequence ops (the defaults run those per sequence); a GPU runs each as one launch.
-  virtual void causal_conv_silu_steps(const float* x, int64_t channels, int64_t kernel, const float* weight,
-                                      std::span<float* const> conv_states, float* y) {
-    for (size_t s = 0; s < conv_states.size(); ++s) {
-      const auto row = static_cast<int64_t>(s) * channels;
-      causal_conv_silu(x + row, 1, channels, kernel, weight, conv_states[s], y + row);
+  // One decode step of the KDA block between its projections and o_proj (KdaDecodeArgs). The default composes the
+  // single-sequence ops above and kda_gate, sigmoid, gated_rms_norm below; a GPU runs the step as one launch.
+  virtual void kda_decode_steps(const KdaDecodeArgs& args, std::span<float* const> conv_states,
+                                std::span<float* const> states) {
+    const int64_t S = args.num_sequences, H = args.num_heads, Dh = args.head_dim, C = H * Dh, K = args.conv_kernel;
+    require(static_cast<int64_t>(conv_states.size()) == S && static_cast<int64_t>(states.size()) == S,
+            "KDA decode step: {} sequences, {} conv states, {} states", S, conv_states.size(), states.size());
+    float* q = args.work;
+    float* k = q + S * C;
+    float* v = k + S * C;
+    float* g = v + S * C;
+    float* attended = g + S * C;
+    for (int64_t s = 0; s < S; ++s) {
+      float* conv = conv_states[static_cast<size_t>(s)];
+      causal_conv_silu(args.q_in + s * C, 1, C, K, args.q_conv, conv, q + s * C);
+      causal_conv_silu(args.k_in + s * C, 1, C, K, args.k_conv, conv + (K - 1) * C, k + s * C);
+      causal_conv_silu(args.v_in + s * C, 1, C, K, args.v_conv, conv + 2 * (K - 1) * C, v + s * C);
     }
-  }
-  virtual void kda_recurrent_steps(const KdaArgs& args, std::span<float* const> states) {
-    const int64_t width = args.num_heads * args.head_dim;
-    for (size_t s = 0; s < states.size(); ++s) {
-      const auto i = static_cast<int64_t>(s);
-      kda_recurrent(KdaArgs{.num_tokens = 1, .num_heads = args.num_heads, .head_dim = args.head_dim,
-                            .q = args.q + i * width, .k = args.k + i * width, .v = args.v + i * width,
-                            .g = args.g + i * width, .beta = args.beta + i * args.num_heads, .state = states[s],
-                            .out = args.out + i * width});
+    kda_gate(args.f, S, H, Dh, args.a_log, args.dt_bias, args.lower_bound, g);
+    sigmoid(args.beta, S * H);
+    for (int64_t s = 0; s < S; ++s) {
+      kda_recurrent(KdaArgs{.num_tokens = 1, .num_heads = H, .head_dim = Dh, .q = q + s * C, .k = k + s * C,
+                            .v = v + s * C, .g = g + s * C, .beta = args.beta + s * H,
+                            .state = states[static_cast<size_t>(s)], .out = attended + s * C});
     }
+    gated_rms_norm(attended, args.gate, S * H, Dh, args.o_norm, args.eps, args.out);
   }
 
   // DSA indexer selection: for each new token, the positions it attends to (ascending).

@@ -167,10 +167,12 @@ std::vector<std::vector<float>> Glm5NextModel::forward_batch(std::span<const Seq
   return logits;
 }
 
+bool Glm5NextModel::one_token_each(std::span<const CallRows> calls) {
+  return std::all_of(calls.begin(), calls.end(), [](const CallRows& call) { return call.count == 1; });
+}
+
 bool Glm5NextModel::is_decode_step(std::span<const CallRows> calls) {
-  return calls.size() > 1 && std::all_of(calls.begin(), calls.end(), [&](const CallRows& call) {
-           return call.count == 1 && call.offset == &call - calls.data();
-         });
+  return calls.size() > 1 && one_token_each(calls);
 }
 
 void Glm5NextModel::kda_block(Workspace& ws, const KdaWeights& w, int64_t layer, std::span<const CallRows> calls,
@@ -181,9 +183,6 @@ void Glm5NextModel::kda_block(Workspace& ws, const KdaWeights& w, int64_t layer,
   float* q_in = ws.floats(T * C);
   float* k_in = ws.floats(T * C);
   float* v_in = ws.floats(T * C);
-  float* q = ws.floats(T * C);
-  float* k = ws.floats(T * C);
-  float* v = ws.floats(T * C);
   float* f_low = ws.floats(T * Dh);
   float* beta = ws.floats(T * H);
   float* gate_low = ws.floats(T * Dh);
@@ -195,26 +194,49 @@ void Glm5NextModel::kda_block(Workspace& ws, const KdaWeights& w, int64_t layer,
     float* const outputs[] = {q_in, k_in, v_in, f_low, beta, gate_low};
     backend_.linears(x, T, weights, outputs);
   }
-  const bool steps = is_decode_step(calls);
-  if (steps) {
-    const ProfileScope part(profile_, backend_, "kda convolution and recurrence");
-    std::vector<float*> conv_states[3];  // q, k, v: [3, K-1, C] per sequence
-    for (const CallRows& call : calls) {
-      float* conv_state = call.sequence->kda(layer).conv.data();
-      for (int64_t i = 0; i < 3; ++i) conv_states[i].push_back(conv_state + i * (K - 1) * C);
+  const float lower_bound = c.linear_lower_bound ? static_cast<float>(*c.linear_lower_bound) : 0.0f;
+  if (one_token_each(calls)) {
+    // A decode step: the gates' second projections, then everything up to o_proj as one backend op.
+    float* f = ws.floats(T * C);
+    float* gate = ws.floats(T * C);
+    float* gated = ws.floats(T * C);
+    {
+      const ProfileScope part(profile_, backend_, "kda projections");
+      backend_.linear(f_low, T, w.f_b_proj, f);
+      backend_.linear(gate_low, T, w.g_b_proj, gate);
     }
-    backend_.causal_conv_silu_steps(q_in, C, K, w.q_conv.data(), conv_states[0], q);
-    backend_.causal_conv_silu_steps(k_in, C, K, w.k_conv.data(), conv_states[1], k);
-    backend_.causal_conv_silu_steps(v_in, C, K, w.v_conv.data(), conv_states[2], v);
-  } else {
-    for (const CallRows& call : calls) {
+    {
       const ProfileScope part(profile_, backend_, "kda convolution and recurrence");
-      float* conv_state = call.sequence->kda(layer).conv.data();  // [3, K-1, C]
-      const int64_t r = call.offset * C;
-      backend_.causal_conv_silu(q_in + r, call.count, C, K, w.q_conv.data(), conv_state, q + r);
-      backend_.causal_conv_silu(k_in + r, call.count, C, K, w.k_conv.data(), conv_state + (K - 1) * C, k + r);
-      backend_.causal_conv_silu(v_in + r, call.count, C, K, w.v_conv.data(), conv_state + 2 * (K - 1) * C, v + r);
+      std::vector<float*> conv_states, states;
+      for (const CallRows& call : calls) {
+        conv_states.push_back(call.sequence->kda(layer).conv.data());
+        states.push_back(call.sequence->kda(layer).recurrent.data());
+      }
+      backend_.kda_decode_steps(KdaDecodeArgs{.num_sequences = T, .num_heads = H, .head_dim = Dh, .conv_kernel = K,
+                                              .q_in = q_in, .k_in = k_in, .v_in = v_in, .q_conv = w.q_conv.data(),
+                                              .k_conv = w.k_conv.data(), .v_conv = w.v_conv.data(), .f = f,
+                                              .a_log = w.a_log.data(), .dt_bias = w.dt_bias.data(),
+                                              .lower_bound = c.linear_lower_bound ? &lower_bound : nullptr,
+                                              .beta = beta, .gate = gate, .o_norm = w.o_norm.data(),
+                                              .eps = static_cast<float>(c.rms_norm_eps), .work = ws.floats(5 * T * C),
+                                              .out = gated},
+                                conv_states, states);
     }
+    const ProfileScope part(profile_, backend_, "kda projections");
+    backend_.linear(gated, T, w.o_proj, out);
+    return;
+  }
+
+  float* q = ws.floats(T * C);
+  float* k = ws.floats(T * C);
+  float* v = ws.floats(T * C);
+  for (const CallRows& call : calls) {
+    const ProfileScope part(profile_, backend_, "kda convolution and recurrence");
+    float* conv_state = call.sequence->kda(layer).conv.data();  // [3, K-1, C]
+    const int64_t r = call.offset * C;
+    backend_.causal_conv_silu(q_in + r, call.count, C, K, w.q_conv.data(), conv_state, q + r);
+    backend_.causal_conv_silu(k_in + r, call.count, C, K, w.k_conv.data(), conv_state + (K - 1) * C, k + r);
+    backend_.causal_conv_silu(v_in + r, call.count, C, K, w.v_conv.data(), conv_state + 2 * (K - 1) * C, v + r);
   }
 
   // Forget gate g [T, H, Dh] (log-decay per key channel) and write strength beta [T, H].
@@ -223,32 +245,22 @@ void Glm5NextModel::kda_block(Workspace& ws, const KdaWeights& w, int64_t layer,
   {
     const ProfileScope part(profile_, backend_, "kda projections");
     backend_.linear(f_low, T, w.f_b_proj, f);
-    const float lower_bound = c.linear_lower_bound ? static_cast<float>(*c.linear_lower_bound) : 0.0f;
     backend_.kda_gate(f, T, H, Dh, w.a_log.data(), w.dt_bias.data(), c.linear_lower_bound ? &lower_bound : nullptr,
                       g);
     backend_.sigmoid(beta, T * H);
   }
 
   float* attended = ws.floats(T * C);
-  if (steps) {
+  for (const CallRows& call : calls) {
     const ProfileScope part(profile_, backend_, "kda convolution and recurrence");
-    std::vector<float*> states;
-    for (const CallRows& call : calls) states.push_back(call.sequence->kda(layer).recurrent.data());
-    backend_.kda_recurrent_steps(KdaArgs{.num_tokens = T, .num_heads = H, .head_dim = Dh, .q = q, .k = k, .v = v,
-                                         .g = g, .beta = beta, .state = nullptr, .out = attended},
-                                 states);
-  } else {
-    for (const CallRows& call : calls) {
-      const ProfileScope part(profile_, backend_, "kda convolution and recurrence");
-      const int64_t r = call.offset * C;
-      const KdaArgs args{.num_tokens = call.count, .num_heads = H, .head_dim = Dh, .q = q + r, .k = k + r,
-                         .v = v + r, .g = g + r, .beta = beta + call.offset * H,
-                         .state = call.sequence->kda(layer).recurrent.data(), .out = attended + r};
-      if (call.count == 1) {
-        backend_.kda_recurrent(args);
-      } else {
-        backend_.kda_chunked(args, 64);
-      }
+    const int64_t r = call.offset * C;
+    const KdaArgs args{.num_tokens = call.count, .num_heads = H, .head_dim = Dh, .q = q + r, .k = k + r,
+                       .v = v + r, .g = g + r, .beta = beta + call.offset * H,
+                       .state = call.sequence->kda(layer).recurrent.data(), .out = attended + r};
+    if (call.count == 1) {
+      backend_.kda_recurrent(args);
+    } else {
+      backend_.kda_chunked(args, 64);
     }
   }
 
@@ -388,8 +400,7 @@ void Glm5NextModel::mlp_block(Workspace& ws, const MlpWeights& w, const float* x
   const LinearWeight* weights[] = {&w.gate_proj, &w.up_proj};
   float* const outputs[] = {gate, up};
   backend_.linears(x, T, weights, outputs);
-  backend_.clamped_swiglu(gate, up, T, I, static_cast<float>(config_.swiglu_limit), hidden);
-  backend_.linear(hidden, T, w.down_proj, out);
+  backend_.swiglu_linear(gate, up, T, static_cast<float>(config_.swiglu_limit), w.down_proj, hidden, out);
 }
 
 void Glm5NextModel::moe_block(Workspace& ws, const MoeWeights& w, const float* x, int64_t T, float* out) {

@@ -80,7 +80,9 @@ private:
     int64_t count;
     bool logits;
   };
-  // A decode step of several sequences: one token each, rows in call order, which the batched ops take.
+  // Every call a single token (row i is call i's), as in a decode step.
+  static bool one_token_each(std::span<const CallRows> calls);
+  // A decode step of several sequences, which the batched attention op takes.
   static bool is_decode_step(std::span<const CallRows> calls);
   // Each block reads the normalised sub-block input x [T, hidden] of all the pass's rows and writes its output
   // [T, hidden]; its temporaries come from the forward's workspace and go back to it when the block returns.

@@ -10,6 +10,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/device_linear.h"
+#include "backend/cuda/elementwise_kernels.h"
 #include "base/error.h"
 #include "base/numeric.h"
 #include "cuda_test_util.h"
@@ -212,7 +213,8 @@ TEST(CudaLinearTest, Bf16GemmPathMatchesCpu) {
 
 // Matrices sharing an input: the bf16 ones on the GEMV go through one grouped launch (rows of several sizes, one not
 // a multiple of the 128-row block, k split at in = 4096), the others (f32, and bf16 at the GEMM's token counts) one
-// forward each; every output matches the CPU.
+// forward each; every output matches the CPU. One scratch serves every call, as in the backend: the split counters
+// each call re-arms are the next call's.
 TEST(CudaLinearTest, MatricesSharingAnInputMatchCpuGroupedOrNot) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   Gemm gemm;
@@ -236,7 +238,8 @@ TEST(CudaLinearTest, MatricesSharingAnInputMatchCpuGroupedOrNot) {
     for (const LinearWeight& weight : weights) linears.push_back(DeviceLinear::upload(weight, device_info(0).sm_count));
     std::vector<const DeviceLinear*> placed;
     for (const DeviceLinear& linear : linears) placed.push_back(&linear);
-    for (const int64_t tokens : {1, 5, 16, 17, 40}) {
+    Scratch scratch;
+    for (const int64_t tokens : {1, 5, 16, 17, 40, 1}) {
       const std::vector<float> x = random_values(static_cast<size_t>(tokens * in), 11);
       const DeviceBuffer x_dev = testing::to_device(x);
       std::vector<DeviceBuffer> ys;
@@ -245,7 +248,6 @@ TEST(CudaLinearTest, MatricesSharingAnInputMatchCpuGroupedOrNot) {
         ys.emplace_back(static_cast<size_t>(tokens * weight.out_features) * sizeof(float));
         y_ptrs.push_back(ys.back().as<float>());
       }
-      Scratch scratch;
       DeviceLinear::forward_shared_input(placed, x_dev.as<float>(), tokens, y_ptrs, scratch, &gemm, nullptr);
       for (size_t m = 0; m < weights.size(); ++m) {
         EXPECT_LT(relative_difference(testing::to_host(ys[m]), cpu_linear(weights[m], x, tokens)), kDenseTolerance)
@@ -253,6 +255,49 @@ TEST(CudaLinearTest, MatricesSharingAnInputMatchCpuGroupedOrNot) {
       }
     }
   }
+}
+
+// The MLP's down projection with its activation applied as the input is staged computes, bit for bit, what the
+// activation's launch and then the GEMV compute (k split at in = 2048, one pass and a pass with a remainder); a
+// matrix that is not bf16, or a count on the GEMM, is left to the caller.
+TEST(CudaLinearTest, SwigluInsideTheDownProjectionEqualsTheTwoLaunches) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  constexpr int64_t kIn = 2048, kOut = 4096;
+  constexpr float kLimit = 7.0f;
+  const std::vector<float> w = random_values(static_cast<size_t>(kOut * kIn), 21);
+  std::vector<uint16_t> bf16(w.size());
+  for (size_t i = 0; i < w.size(); ++i) bf16[i] = f32_to_bf16(w[i]);
+  const LinearWeight weight{.name = "down", .dtype = DType::bf16, .out_features = kOut, .in_features = kIn,
+                            .data = reinterpret_cast<const std::byte*>(bf16.data())};
+  const LinearWeight f32{.name = "down_f32", .dtype = DType::f32, .out_features = kOut, .in_features = kIn,
+                         .data = reinterpret_cast<const std::byte*>(w.data())};
+  const DeviceLinear linear = DeviceLinear::upload(weight, device_info(0).sm_count);
+  const DeviceLinear linear_f32 = DeviceLinear::upload(f32, device_info(0).sm_count);
+  Gemm gemm;
+  Scratch scratch;
+  for (const int64_t tokens : {1, 17, 3}) {
+    // Gate and up around the limit on both sides, so the clamps are exercised.
+    const std::vector<float> gate = random_values(static_cast<size_t>(tokens * kIn), 22, 10.0f);
+    const std::vector<float> up = random_values(static_cast<size_t>(tokens * kIn), 23, 10.0f);
+    const DeviceBuffer gate_dev = testing::to_device(gate), up_dev = testing::to_device(up);
+    DeviceBuffer fused(static_cast<size_t>(tokens * kOut) * sizeof(float));
+    DeviceBuffer hidden(gate.size() * sizeof(float)), unfused(static_cast<size_t>(tokens * kOut) * sizeof(float));
+    ASSERT_TRUE(linear.forward_swiglu(gate_dev.as<float>(), up_dev.as<float>(), kLimit, tokens, fused.as<float>(),
+                                      scratch, &gemm, nullptr));
+    check(clamped_swiglu(gate_dev.as<float>(), up_dev.as<float>(), tokens * kIn, kLimit, hidden.as<float>(), nullptr),
+          "clamped_swiglu");
+    linear.forward(hidden.as<float>(), tokens, unfused.as<float>(), scratch, &gemm, nullptr);
+    EXPECT_EQ(testing::to_host(fused), testing::to_host(unfused)) << tokens << " tokens";
+    EXPECT_FALSE(linear_f32.forward_swiglu(gate_dev.as<float>(), up_dev.as<float>(), kLimit, tokens,
+                                           fused.as<float>(), scratch, &gemm, nullptr));
+  }
+  const std::vector<float> many(static_cast<size_t>(64 * kIn), 1.0f);
+  const DeviceBuffer many_dev = testing::to_device(many);
+  DeviceBuffer out(static_cast<size_t>(64 * kOut) * sizeof(float));
+  EXPECT_EQ(linear.forward_swiglu(many_dev.as<float>(), many_dev.as<float>(), kLimit, 64, out.as<float>(), scratch,
+                                  &gemm, nullptr),
+            !gemm.available())
+      << "64 tokens run as a GEMM where cuBLASLt is usable";
 }
 
 TEST(CudaLinearTest, DenseMatchesCpuForEachWeightType) {

@@ -1,11 +1,12 @@
 // CUDA KDA ops against the CPU backend on random inputs in the model's ranges: the causal conv + SiLU with its
 // carried state, the forget gate with and without a lower bound, the recurrent delta rule at decode shapes (up to
-// the model's 64 heads x 128) and the multi-token call against the CPU's chunked WY form; batched decode steps against
-// single-sequence calls. Without a GPU, only the
-// argument checks run (they return before any CUDA call).
+// the model's 64 heads x 128) and the multi-token call against the CPU's chunked WY form; the fused decode step
+// against the CPU's composition of those ops. Without a GPU, only the argument checks run (they return before any
+// CUDA call).
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <string>
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
@@ -160,63 +161,86 @@ TEST(CudaKdaTest, ChunkedMatchesCpuChunked) {
   EXPECT_LT(relative_difference(gpu.state, cpu.state), kChunkedTolerance);
 }
 
-// A decode step of S sequences in one launch (the engine's batched decode) computes exactly what S single-sequence
-// calls compute: the same arithmetic per sequence, so the outputs and states are bitwise equal. 70 sequences cross
-// the 64 a launch takes.
-TEST(CudaKdaTest, BatchedStepEqualsEachSequenceAlone) {
+// A decode step in one launch (conv, gates, delta rule, gated norm) computes what the CPU's composition of the
+// single ops computes, per sequence: outputs and states within the recurrence's bound (the norm's block sum adds only
+// rounding), the conv states exactly (copied inputs). 70 sequences cross the 64 a launch takes; head dim 16 is the
+// golden fixtures', 128 the model's; with and without the gate's lower bound.
+TEST(CudaKdaTest, DecodeStepMatchesCpuComposition) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  constexpr int64_t kHeads = 4, kDim = 64, kKernel = 4, kChannels = kHeads * kDim;
+  struct Shape {
+    int64_t sequences, heads, dim;
+    bool bounded;
+  };
+  constexpr int64_t kKernel = 4;
   uint32_t seed = 300;
-  for (const int64_t sequences : {3, 70}) {
-    const KdaInputs in = random_kda_inputs(sequences, kHeads, kDim, seed += 10);
-    const int64_t state_floats = kHeads * kDim * kDim, width = kHeads * kDim;
-    const std::vector<float> states = random_values(static_cast<size_t>(sequences * state_floats), ++seed, 0.1f);
-    DeviceBuffer q = to_device(in.q), k = to_device(in.k), v = to_device(in.v), g = to_device(in.g);
-    DeviceBuffer beta = to_device(in.beta);
-    DeviceBuffer batched_states = to_device(states), single_states = to_device(states);
-    DeviceBuffer batched_out(in.q.size() * sizeof(float)), single_out(in.q.size() * sizeof(float));
-    std::vector<float*> pointers;
-    for (int64_t s = 0; s < sequences; ++s) pointers.push_back(batched_states.as<float>() + s * state_floats);
-    const KdaDeviceArgs args{.num_tokens = sequences, .num_heads = kHeads, .head_dim = kDim, .q = q.as<float>(),
-                             .k = k.as<float>(), .v = v.as<float>(), .g = g.as<float>(), .beta = beta.as<float>(),
-                             .state = nullptr, .out = batched_out.as<float>()};
-    check(kda_recurrent_steps(args, pointers.data(), nullptr), "kda_recurrent_steps");
-    for (int64_t s = 0; s < sequences; ++s) {
-      KdaDeviceArgs one = args;
-      one.num_tokens = 1;
-      one.q += s * width;
-      one.k += s * width;
-      one.v += s * width;
-      one.g += s * width;
-      one.beta += s * kHeads;
-      one.state = single_states.as<float>() + s * state_floats;
-      one.out = single_out.as<float>() + s * width;
-      check(kda_recurrent(one, nullptr), "kda_recurrent");
-    }
-    EXPECT_EQ(to_host(batched_out), to_host(single_out)) << sequences << " sequences";
-    EXPECT_EQ(to_host(batched_states), to_host(single_states)) << sequences << " sequences";
+  for (const Shape shape : {Shape{1, 64, 128, true}, Shape{3, 4, 128, false}, Shape{70, 4, 16, true},
+                            Shape{5, 3, 32, false}, Shape{2, 2, 64, true}}) {
+    const int64_t S = shape.sequences, H = shape.heads, D = shape.dim, C = H * D;
+    const auto n = static_cast<size_t>(S * C);
+    const std::vector<float> q_in = random_values(n, ++seed), k_in = random_values(n, ++seed);
+    const std::vector<float> v_in = random_values(n, ++seed), f = random_values(n, ++seed);
+    const std::vector<float> gate = random_values(n, ++seed);
+    const std::vector<float> beta = random_values(static_cast<size_t>(S * H), ++seed);
+    const auto conv_weights = static_cast<size_t>(C * kKernel);
+    const std::vector<float> q_conv = random_values(conv_weights, ++seed, 0.5f);
+    const std::vector<float> k_conv = random_values(conv_weights, ++seed, 0.5f);
+    const std::vector<float> v_conv = random_values(conv_weights, ++seed, 0.5f);
+    const std::vector<float> a_log = random_transformed(static_cast<size_t>(H), ++seed,
+                                                        [](float z) { return std::log(1.0f + 15.0f * logistic(z)); });
+    const std::vector<float> dt_bias = random_values(static_cast<size_t>(C), ++seed);
+    const std::vector<float> o_norm = random_transformed(static_cast<size_t>(D), ++seed,
+                                                         [](float z) { return 1.0f + 0.1f * z; });
+    const auto conv_floats = (kKernel - 1) * 3 * C, state_floats = H * D * D;
+    std::vector<float> conv = random_values(static_cast<size_t>(S * conv_floats), ++seed);
+    std::vector<float> states = random_values(static_cast<size_t>(S * state_floats), ++seed, 0.1f);
+    const float lower_bound = -5.0f;
+    const float eps = 1e-5f;
 
-    const std::vector<float> x = random_values(static_cast<size_t>(sequences * kChannels), ++seed);
-    const std::vector<float> weight = random_values(static_cast<size_t>(kChannels * kKernel), ++seed, 0.5f);
-    const std::vector<float> conv = random_values(static_cast<size_t>(sequences * (kKernel - 1) * kChannels), ++seed);
-    DeviceBuffer x_dev = to_device(x), weight_dev = to_device(weight);
-    DeviceBuffer batched_conv = to_device(conv), single_conv = to_device(conv);
-    DeviceBuffer batched_y(x.size() * sizeof(float)), single_y(x.size() * sizeof(float));
-    std::vector<float*> conv_pointers;
-    for (int64_t s = 0; s < sequences; ++s) {
-      conv_pointers.push_back(batched_conv.as<float>() + s * (kKernel - 1) * kChannels);
+    DeviceBuffer q_dev = to_device(q_in), k_dev = to_device(k_in), v_dev = to_device(v_in), f_dev = to_device(f);
+    DeviceBuffer gate_dev = to_device(gate), beta_dev = to_device(beta), qc_dev = to_device(q_conv);
+    DeviceBuffer kc_dev = to_device(k_conv), vc_dev = to_device(v_conv), a_log_dev = to_device(a_log);
+    DeviceBuffer dt_dev = to_device(dt_bias), o_norm_dev = to_device(o_norm), conv_dev = to_device(conv);
+    DeviceBuffer states_dev = to_device(states), out_dev(n * sizeof(float));
+    std::vector<float*> conv_pointers, state_pointers;
+    for (int64_t s = 0; s < S; ++s) {
+      conv_pointers.push_back(conv_dev.as<float>() + s * conv_floats);
+      state_pointers.push_back(states_dev.as<float>() + s * state_floats);
     }
-    check(causal_conv_silu_steps(x_dev.as<float>(), sequences, kChannels, kKernel, weight_dev.as<float>(),
-                                 conv_pointers.data(), batched_y.as<float>(), nullptr),
-          "causal_conv_silu_steps");
-    for (int64_t s = 0; s < sequences; ++s) {
-      check(causal_conv_silu(x_dev.as<float>() + s * kChannels, 1, kChannels, kKernel, weight_dev.as<float>(),
-                             single_conv.as<float>() + s * (kKernel - 1) * kChannels,
-                             single_y.as<float>() + s * kChannels, nullptr),
-            "causal_conv_silu");
+    check(kda_decode_steps(KdaDecodeDeviceArgs{.num_sequences = S, .num_heads = H, .head_dim = D,
+                                               .conv_kernel = kKernel, .q_in = q_dev.as<float>(),
+                                               .k_in = k_dev.as<float>(), .v_in = v_dev.as<float>(),
+                                               .q_conv = qc_dev.as<float>(), .k_conv = kc_dev.as<float>(),
+                                               .v_conv = vc_dev.as<float>(), .f = f_dev.as<float>(),
+                                               .a_log = a_log_dev.as<float>(), .dt_bias = dt_dev.as<float>(),
+                                               .bounded = shape.bounded, .lower_bound = lower_bound,
+                                               .beta = beta_dev.as<float>(), .gate = gate_dev.as<float>(),
+                                               .o_norm = o_norm_dev.as<float>(), .eps = eps,
+                                               .out = out_dev.as<float>()},
+                           conv_pointers.data(), state_pointers.data(), nullptr),
+          "kda_decode_steps");
+
+    std::vector<float> cpu_beta = beta, work(5 * n), cpu_out(n);
+    std::vector<float*> cpu_conv, cpu_states;
+    for (int64_t s = 0; s < S; ++s) {
+      cpu_conv.push_back(conv.data() + s * conv_floats);
+      cpu_states.push_back(states.data() + s * state_floats);
     }
-    EXPECT_EQ(to_host(batched_y), to_host(single_y)) << sequences << " sequences";
-    EXPECT_EQ(to_host(batched_conv), to_host(single_conv)) << sequences << " sequences";
+    CpuBackend().kda_decode_steps(KdaDecodeArgs{.num_sequences = S, .num_heads = H, .head_dim = D,
+                                                .conv_kernel = kKernel, .q_in = q_in.data(), .k_in = k_in.data(),
+                                                .v_in = v_in.data(), .q_conv = q_conv.data(),
+                                                .k_conv = k_conv.data(), .v_conv = v_conv.data(), .f = f.data(),
+                                                .a_log = a_log.data(), .dt_bias = dt_bias.data(),
+                                                .lower_bound = shape.bounded ? &lower_bound : nullptr,
+                                                .beta = cpu_beta.data(), .gate = gate.data(),
+                                                .o_norm = o_norm.data(), .eps = eps, .work = work.data(),
+                                                .out = cpu_out.data()},
+                                  cpu_conv, cpu_states);
+    const std::string label = std::to_string(S) + " sequences, " + std::to_string(H) + " heads of " +
+                              std::to_string(D) + (shape.bounded ? ", bounded" : "");
+    EXPECT_LT(relative_difference(to_host(out_dev), cpu_out), kRecurrentTolerance) << label;
+    EXPECT_LT(relative_difference(to_host(states_dev), states), kRecurrentTolerance) << label;
+    EXPECT_EQ(to_host(conv_dev), conv) << label;
+    EXPECT_EQ(to_host(beta_dev), beta) << label << ": the GPU step leaves beta as it was";
   }
 }
 
@@ -235,6 +259,18 @@ TEST(CudaKdaTest, UnsupportedArgumentsAreRefused) {
     EXPECT_EQ(causal_conv_silu(storage, 1, 1, kernel, storage, storage, storage, nullptr), cudaErrorInvalidValue)
         << "kernel " << kernel;
   }
+  float* pointers[] = {storage};
+  KdaDecodeDeviceArgs step{};
+  step.num_sequences = step.num_heads = 1;
+  step.head_dim = 96;
+  step.conv_kernel = 4;
+  EXPECT_EQ(kda_decode_steps(step, pointers, pointers, nullptr), cudaErrorInvalidValue);
+  step.head_dim = 128;
+  step.conv_kernel = 9;
+  EXPECT_EQ(kda_decode_steps(step, pointers, pointers, nullptr), cudaErrorInvalidValue);
+  step.conv_kernel = 4;
+  float* misaligned[] = {storage + 1};
+  EXPECT_EQ(kda_decode_steps(step, pointers, misaligned, nullptr), cudaErrorInvalidValue);
 }
 
 }  // namespace

@@ -203,6 +203,13 @@ void CudaBackend::linears(const float* x, int64_t num_tokens, std::span<const Li
   DeviceLinear::forward_shared_input(placed, x, num_tokens, ys, linear_scratch_, &gemm_, stream_);
 }
 
+void CudaBackend::swiglu_linear(const float* gate, const float* up, int64_t num_tokens, float limit,
+                                const LinearWeight& weight, float* hidden, float* y) {
+  if (!placed_linear(weight).forward_swiglu(gate, up, limit, num_tokens, y, linear_scratch_, &gemm_, stream_)) {
+    Backend::swiglu_linear(gate, up, num_tokens, limit, weight, hidden, y);
+  }
+}
+
 void CudaBackend::embed(const int32_t* ids, int64_t num_tokens, const LinearWeight& table, float* out) {
   placed_linear(table).gather_rows(ids, num_tokens, out, stream_);
 }
@@ -305,17 +312,23 @@ void CudaBackend::kda_recurrent(const KdaArgs& args) {
   check(cuda::kda_recurrent(device_args(args), stream_), "kda_recurrent launch");
 }
 
-void CudaBackend::causal_conv_silu_steps(const float* x, int64_t channels, int64_t kernel, const float* weight,
-                                         std::span<float* const> conv_states, float* y) {
-  check(cuda::causal_conv_silu_steps(x, static_cast<int64_t>(conv_states.size()), channels, kernel, weight,
-                                     conv_states.data(), y, stream_),
-        "causal_conv_silu_steps launch");
-}
-
-void CudaBackend::kda_recurrent_steps(const KdaArgs& args, std::span<float* const> states) {
-  require(static_cast<size_t>(args.num_tokens) == states.size(), "kda_recurrent_steps: {} rows for {} states",
-          args.num_tokens, states.size());
-  check(cuda::kda_recurrent_steps(device_args(args), states.data(), stream_), "kda_recurrent_steps launch");
+void CudaBackend::kda_decode_steps(const KdaDecodeArgs& a, std::span<float* const> conv_states,
+                                   std::span<float* const> states) {
+  require(static_cast<int64_t>(conv_states.size()) == a.num_sequences &&
+              static_cast<int64_t>(states.size()) == a.num_sequences,
+          "KDA decode step: {} sequences, {} conv states, {} states", a.num_sequences, conv_states.size(),
+          states.size());
+  check(cuda::kda_decode_steps(KdaDecodeDeviceArgs{.num_sequences = a.num_sequences, .num_heads = a.num_heads,
+                                                   .head_dim = a.head_dim, .conv_kernel = a.conv_kernel,
+                                                   .q_in = a.q_in, .k_in = a.k_in, .v_in = a.v_in,
+                                                   .q_conv = a.q_conv, .k_conv = a.k_conv, .v_conv = a.v_conv,
+                                                   .f = a.f, .a_log = a.a_log, .dt_bias = a.dt_bias,
+                                                   .bounded = a.lower_bound != nullptr,
+                                                   .lower_bound = a.lower_bound ? *a.lower_bound : 0.0f,
+                                                   .beta = a.beta, .gate = a.gate, .o_norm = a.o_norm, .eps = a.eps,
+                                                   .out = a.out},
+                               conv_states.data(), states.data(), stream_),
+        "kda_decode_steps launch");
 }
 
 void CudaBackend::indexer_select(const IndexerArgs& a) {

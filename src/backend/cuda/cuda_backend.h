@@ -52,6 +52,8 @@ public:
   void linear(const float* x, int64_t num_tokens, const LinearWeight& weight, float* y) override;
   void linears(const float* x, int64_t num_tokens, std::span<const LinearWeight* const> weights,
                std::span<float* const> ys) override;
+  void swiglu_linear(const float* gate, const float* up, int64_t num_tokens, float limit, const LinearWeight& weight,
+                     float* hidden, float* y) override;
   void embed(const int32_t* ids, int64_t num_tokens, const LinearWeight& table, float* out) override;
   void rms_norm(const float* x, int64_t rows, int64_t n, const float* weight, float eps, float* y) override;
   void layer_norm(const float* x, int64_t rows, int64_t n, const float* weight, const float* bias, float eps,
@@ -67,9 +69,8 @@ public:
                         float* conv_state, float* y) override;
   void kda_chunked(const KdaArgs& args, int64_t chunk_size) override;
   void kda_recurrent(const KdaArgs& args) override;
-  void causal_conv_silu_steps(const float* x, int64_t channels, int64_t kernel, const float* weight,
-                              std::span<float* const> conv_states, float* y) override;
-  void kda_recurrent_steps(const KdaArgs& args, std::span<float* const> states) override;
+  void kda_decode_steps(const KdaDecodeArgs& args, std::span<float* const> conv_states,
+                        std::span<float* const> states) override;
   void indexer_select(const IndexerArgs& args) override;
   void sparse_mla_attention(const SparseMlaArgs& args) override;
   void sparse_mla_attention_steps(const SparseMlaArgs& args, std::span<const PagedRows* const> latents) override;

@@ -7,6 +7,7 @@
 
 #include "backend/cuda/dense_kernels.h"
 #include "backend/cuda/dependent_launch.cuh"
+#include "backend/cuda/swiglu.cuh"
 #include "backend/cuda/mma.cuh"
 
 namespace kestrel::cuda {
@@ -194,7 +195,7 @@ __device__ __forceinline__ int member_of(const int64_t (&first)[kMaxDenseGroup +
 template <int Groups>
 __global__ void __launch_bounds__(32 * kWarpsPerBlock)
     bf16_mma_gemv(const __grid_constant__ MmaGroup group, int64_t in_features, const float* x, int num_tokens,
-                  int64_t split_k, float* partial) {
+                  int64_t split_k, float* partial, unsigned* counters, const float* up, float limit) {
   constexpr int kRows = 8 * Groups;  // token rows per plane
   extern __shared__ uint4 mma_planes[];
   __nv_bfloat16* planes = reinterpret_cast<__nv_bfloat16*>(mma_planes);  // [3][kRows][kMmaPlaneRow]
@@ -235,7 +236,14 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
     for (int i = static_cast<int>(threadIdx.x); i < kRows * kMmaStageK / 4; i += 32 * kWarpsPerBlock) {
       const int n = i / (kMmaStageK / 4), k = i % (kMmaStageK / 4) * 4;
       float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      if (n < num_tokens && k < chunks * 32) v = *reinterpret_cast<const float4*>(x + n * in_features + k0 + k);
+      if (n < num_tokens && k < chunks * 32) {
+        v = *reinterpret_cast<const float4*>(x + n * in_features + k0 + k);
+        if (up != nullptr) {  // x is the gate: the input is the clamped SwiGLU of gate and up
+          const float4 u = *reinterpret_cast<const float4*>(up + n * in_features + k0 + k);
+          v = make_float4(clamped_swiglu_of(v.x, u.x, limit), clamped_swiglu_of(v.y, u.y, limit),
+                          clamped_swiglu_of(v.z, u.z, limit), clamped_swiglu_of(v.w, u.w, limit));
+        }
+      }
       float rest[4] = {v.x, v.y, v.z, v.w};
       for (int term = 0; term < 3; ++term) {
         __nv_bfloat16 b[4];
@@ -262,7 +270,7 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
       }
     }
   }
-  // Unsplit: y[token, row]; split: partial[split, token, first_row[member] + row] (sum_group_splits' layout).
+  // Unsplit: y[token, row]; split: partial[split, token, first_row[member] + row].
   const bool split = gridDim.y > 1;
   const int64_t out_stride = split ? group.first_row[group.count] : out_features;
   float* out = split ? partial + blockIdx.y * num_tokens * out_stride + group.first_row[member] : group.y[member];
@@ -275,20 +283,31 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
       if (row < out_features && token < num_tokens) out[token * out_stride + row] = acc[token_group][i];
     }
   }
-}
+  if (!split) return;
 
-// The group's outputs from its k splits' partial sums, added in split order (deterministic): element i of the
-// [num_tokens, rows] partial layout goes to its member's y.
-__global__ void __launch_bounds__(256) sum_group_splits(const float* partial, int64_t count, int splits,
-                                                        const __grid_constant__ MmaGroup group) {
-  wait_for_previous_grid();
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * 256 + threadIdx.x;
-  if (i >= count) return;
-  float sum = 0.0f;
-  for (int s = 0; s < splits; ++s) sum += partial[s * count + i];
-  const int64_t rows = group.first_row[group.count], token = i / rows, row = i % rows;
-  const int member = member_of(group.first_row, group.count, row);
-  group.y[member][token * group.out_features[member] + row - group.first_row[member]] = sum;
+  // The row block's last split to finish adds the splits' partial sums in split order (deterministic) into y and
+  // re-arms the block's counter for the next launch: no second launch for the sums.
+  __shared__ bool last;
+  __threadfence();  // this block's partial sums are visible before its arrival is counted
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    last = atomicAdd(&counters[blockIdx.x], 1u) == gridDim.y - 1;
+    if (last) counters[blockIdx.x] = 0;
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  const int64_t block_row = (static_cast<int64_t>(blockIdx.x) - group.first_block[member]) * kMmaRowsPerBlock;
+  const int64_t split_stride = num_tokens * out_stride;
+  for (int i = static_cast<int>(threadIdx.x); i < num_tokens * kMmaRowsPerBlock; i += 32 * kWarpsPerBlock) {
+    const int token = i / kMmaRowsPerBlock;
+    const int64_t row = block_row + i % kMmaRowsPerBlock;
+    if (row >= out_features) continue;
+    const float* sums = partial + token * out_stride + group.first_row[member] + row;
+    float sum = 0.0f;
+    for (int s = 0; s < static_cast<int>(gridDim.y); ++s) sum += __ldcg(sums + s * split_stride);
+    group.y[member][token * out_features + row] = sum;
+  }
 }
 
 int64_t mma_row_blocks(int64_t out_features) { return (out_features + kMmaRowsPerBlock - 1) / kMmaRowsPerBlock; }
@@ -357,8 +376,10 @@ void launch(DenseWeightType type, const void* weight, int64_t out_features, int6
 }
 
 // The tensor-core path for one matrix or a group sharing x: passes of up to 16 tokens (one or two mma token groups).
+// With `up`, x is the gate and the input the clamped SwiGLU of the two (limit).
 void launch_mma(const DenseGroupMember* members, int count, int64_t in_features, const float* x, int64_t num_tokens,
-                float* scratch, cudaStream_t stream) {
+                float* scratch, unsigned* counters, cudaStream_t stream, const float* up = nullptr,
+                float limit = 0.0f) {
   MmaGroup group{};
   group.count = count;
   for (int m = 0; m < count; ++m) {
@@ -369,8 +390,8 @@ void launch_mma(const DenseGroupMember* members, int count, int64_t in_features,
     group.first_block[m + 1] = group.first_block[m] + mma_row_blocks(member.out_features);
     group.first_row[m + 1] = group.first_row[m] + member.out_features;
   }
-  const int64_t row_blocks = group.first_block[group.count], rows = group.first_row[group.count];
-  const int64_t splits = scratch != nullptr ? mma_split_count(row_blocks, in_features) : 1;
+  const int64_t row_blocks = group.first_block[group.count];
+  const int64_t splits = scratch != nullptr && counters != nullptr ? mma_split_count(row_blocks, in_features) : 1;
   const int64_t stages = (in_features + kMmaStageK - 1) / kMmaStageK;
   const int64_t split_k = (stages + splits - 1) / splits * kMmaStageK;
   const int64_t used_splits = (in_features + split_k - 1) / split_k;
@@ -383,13 +404,8 @@ void launch_mma(const DenseGroupMember* members, int count, int64_t in_features,
     const int token_groups = n > 8 ? 2 : 1;
     static_cast<void>(launch_dependent(token_groups == 2 ? bf16_mma_gemv<2> : bf16_mma_gemv<1>, grid,
                                        dim3(32 * kWarpsPerBlock), mma_shared_bytes(token_groups), stream, pass,
-                                       in_features, x + t * in_features, n, split_k, scratch));
-    if (used_splits > 1) {
-      const int64_t count = n * rows;
-      static_cast<void>(launch_dependent(sum_group_splits, dim3(static_cast<unsigned>((count + 255) / 256)),
-                                         dim3(256), 0, stream, static_cast<const float*>(scratch), count,
-                                         static_cast<int>(used_splits), pass));
-    }
+                                       in_features, x + t * in_features, n, split_k, scratch, counters,
+                                       up != nullptr ? up + t * in_features : nullptr, limit));
   }
 }
 
@@ -437,6 +453,9 @@ cudaError_t gather_rows(const void* table, DenseWeightType type, int64_t cols, c
   return cudaGetLastError();
 }
 
+// A launch is split only while it has fewer row blocks than kTargetBlocks, so that many counters cover any.
+int64_t dense_counter_count() { return kTargetBlocks; }
+
 int64_t dense_splits(DenseWeightType type, int64_t out_features, int64_t in_features) {
   return takes_mma_path(type, in_features) ? mma_split_count(mma_row_blocks(out_features), in_features)
                                            : split_count(type, out_features, in_features, rows_per_warp(1));
@@ -461,20 +480,34 @@ bool bf16_group_supported(int64_t in_features, const float* x) {
 }
 
 cudaError_t bf16_linear_group(const DenseGroupMember* members, int count, int64_t in_features, const float* x,
-                              int64_t num_tokens, float* scratch, cudaStream_t stream) {
+                              int64_t num_tokens, float* scratch, unsigned* counters, cudaStream_t stream) {
   if (count < 1 || count > kMaxDenseGroup || !bf16_group_supported(in_features, x)) return cudaErrorInvalidValue;
   for (int m = 0; m < count; ++m) {
     if ((reinterpret_cast<uintptr_t>(members[m].weight) & 15u) != 0 || members[m].out_features < 1) {
       return cudaErrorInvalidValue;
     }
   }
-  if (num_tokens > 0) launch_mma(members, count, in_features, x, num_tokens, scratch, stream);
+  if (num_tokens > 0) launch_mma(members, count, in_features, x, num_tokens, scratch, counters, stream);
+  return cudaGetLastError();
+}
+
+bool bf16_swiglu_supported(int64_t in_features, const void* weight, const float* gate, const float* up) {
+  return bf16_group_supported(in_features, gate) && (reinterpret_cast<uintptr_t>(up) & 15u) == 0 &&
+         (reinterpret_cast<uintptr_t>(weight) & 15u) == 0;
+}
+
+cudaError_t bf16_swiglu_linear(const void* weight, int64_t out_features, int64_t in_features, const float* gate,
+                               const float* up, float limit, int64_t num_tokens, float* y, float* scratch,
+                               unsigned* counters, cudaStream_t stream) {
+  if (out_features < 1 || !bf16_swiglu_supported(in_features, weight, gate, up)) return cudaErrorInvalidValue;
+  const DenseGroupMember member{.weight = weight, .out_features = out_features, .y = y};
+  if (num_tokens > 0) launch_mma(&member, 1, in_features, gate, num_tokens, scratch, counters, stream, up, limit);
   return cudaGetLastError();
 }
 
 cudaError_t dense_linear(const void* weight, DenseWeightType type, int64_t out_features, int64_t in_features,
                          const float* x, int64_t num_tokens, float* y, cudaStream_t stream,
-                         const BlockScales& scales, float* scratch) {
+                         const BlockScales& scales, float* scratch, unsigned* counters) {
   const bool fp8 = type == DenseWeightType::f8_e4m3;
   if (fp8 != (scales.scales != nullptr) ||
       (fp8 && (scales.block_rows < 1 || scales.block_cols < 1 || scales.block_cols % 16 != 0))) {
@@ -483,7 +516,7 @@ cudaError_t dense_linear(const void* weight, DenseWeightType type, int64_t out_f
   const bool aligned = ((reinterpret_cast<uintptr_t>(weight) | reinterpret_cast<uintptr_t>(x)) & 15u) == 0;
   if (takes_mma_path(type, in_features) && aligned) {
     const DenseGroupMember member{.weight = weight, .out_features = out_features, .y = y};
-    if (num_tokens > 0) launch_mma(&member, 1, in_features, x, num_tokens, scratch, stream);
+    if (num_tokens > 0) launch_mma(&member, 1, in_features, x, num_tokens, scratch, counters, stream);
     return cudaGetLastError();
   }
   with_element_type(type, [&](auto element) {

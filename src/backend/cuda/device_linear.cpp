@@ -32,6 +32,16 @@ float* Scratch::floats(size_t count) {
   return buffer_.as<float>();
 }
 
+unsigned* Scratch::counters(size_t count) {
+  if (counters_.size() < count * sizeof(unsigned)) {
+    check(cudaDeviceSynchronize(), "scratch resize");
+    counters_ = DeviceBuffer(count * sizeof(unsigned));
+    counters_.zero();
+    check(cudaDeviceSynchronize(), "counters zeroed");  // cudaMemset runs on the legacy stream, not ours
+  }
+  return counters_.as<unsigned>();
+}
+
 DeviceLinear DeviceLinear::upload(const LinearWeight& weight, int sm_count) {
   require(weight.valid(), "weight '{}' has no data", weight.name);
   DeviceLinear linear;
@@ -114,9 +124,25 @@ void DeviceLinear::forward(const float* x, int64_t num_tokens, float* y, Scratch
     const int64_t scratch_floats = dense_scratch_floats(dense_type_, out_features_, in_features_);
     float* partial = scratch_floats > 0 ? scratch.floats(static_cast<size_t>(scratch_floats)) : nullptr;
     check(dense_linear(data_.data(), dense_type_, out_features_, in_features_, x, num_tokens, y, stream, scales,
-                       partial),
+                       partial, scratch.counters(static_cast<size_t>(dense_counter_count()))),
           "dense linear launch");
   }
+}
+
+bool DeviceLinear::forward_swiglu(const float* gate, const float* up, float limit, int64_t num_tokens, float* y,
+                                  Scratch& scratch, Gemm* gemm, cudaStream_t stream) const {
+  const bool gemv = gemm == nullptr || !gemm->available() || num_tokens < gemm_min_tokens();
+  if (!gemv || exl3_ || dense_type_ != DenseWeightType::bf16 ||
+      !bf16_swiglu_supported(in_features_, data_.data(), gate, up)) {
+    return false;
+  }
+  require(num_tokens <= 65535, "CUDA linear '{}': {} tokens in one call (at most 65535)", name_, num_tokens);
+  const int64_t scratch_floats = bf16_group_scratch_floats(out_features_, in_features_);
+  float* partial = scratch_floats > 0 ? scratch.floats(static_cast<size_t>(scratch_floats)) : nullptr;
+  check(bf16_swiglu_linear(data_.data(), out_features_, in_features_, gate, up, limit, num_tokens, y, partial,
+                           scratch.counters(static_cast<size_t>(dense_counter_count())), stream),
+        "bf16 SwiGLU linear launch");
+  return true;
 }
 
 void DeviceLinear::forward_shared_input(std::span<const DeviceLinear* const> linears, const float* x,
@@ -151,7 +177,7 @@ void DeviceLinear::forward_shared_input(std::span<const DeviceLinear* const> lin
   const int64_t scratch_floats = bf16_group_scratch_floats(rows, in_features);
   float* partial = scratch_floats > 0 ? scratch.floats(static_cast<size_t>(scratch_floats)) : nullptr;
   check(bf16_linear_group(members.data(), static_cast<int>(members.size()), in_features, x, num_tokens, partial,
-                          stream),
+                          scratch.counters(static_cast<size_t>(dense_counter_count())), stream),
         "bf16 linear group launch");
 }
 

@@ -22,9 +22,12 @@ namespace kestrel::cuda {
 class Scratch {
 public:
   float* floats(size_t count);
+  // Zeroed counters that the kernels using them leave zeroed (the bf16 GEMV's split counters).
+  unsigned* counters(size_t count);
 
 private:
   DeviceBuffer buffer_;
+  DeviceBuffer counters_;
 };
 
 class DeviceLinear;
@@ -47,6 +50,10 @@ public:
   void forward(const float* x, int64_t num_tokens, float* y, Scratch& scratch, Gemm* gemm, cudaStream_t stream) const;
   // ys[i] = linears[i]->forward(x): matrices sharing an input (a layer's q, k and v projections). bf16 matrices
   // that run the GEMV at this token count go through one launch (bf16_linear_group), the rest one forward each.
+  // y = clamped_swiglu(gate, up, limit) W^T in one launch where this is a bf16 matrix on the GEMV at this count (see
+  // bf16_swiglu_linear); false, with nothing run, where it is not.
+  bool forward_swiglu(const float* gate, const float* up, float limit, int64_t num_tokens, float* y, Scratch& scratch,
+                      Gemm* gemm, cudaStream_t stream) const;
   static void forward_shared_input(std::span<const DeviceLinear* const> linears, const float* x, int64_t num_tokens,
                                    std::span<float* const> ys, Scratch& scratch, Gemm* gemm, cudaStream_t stream);
   // Every job as forward() runs it, but the EXL3 jobs on the GEMM path that share the first such job's shape and

@@ -2,6 +2,7 @@
 #include <cstdint>
 
 #include "backend/cuda/block_reduce.cuh"
+#include "backend/cuda/dependent_launch.cuh"
 #include "backend/cuda/kda_kernels.h"
 
 namespace kestrel::cuda {
@@ -18,9 +19,10 @@ constexpr int kWarpsPerBlock = 8;  // 32 columns per block: a 64 x 128 step is 2
 unsigned blocks_for(int64_t n, int threads) { return static_cast<unsigned>((n + threads - 1) / threads); }
 
 // One thread per channel walks the tokens with the last kernel-1 inputs in registers: the loops run to the maximum
-// kernel with guards, so that every array index is a compile-time constant.
+// kernel with guards, so that every array index is a compile-time constant. Token t's output goes to y[t * y_stride].
 __device__ __forceinline__ void conv_channel(const float* x, int64_t num_tokens, int64_t channels, int64_t c,
-                                             int kernel, const float* weight, float* conv_state, float* y) {
+                                             int kernel, const float* weight, float* conv_state, float* y,
+                                             int64_t y_stride) {
   const int history = kernel - 1;
   const float* w = weight + c * kernel;
   float w_history[kMaxConvKernel - 1];
@@ -39,7 +41,7 @@ __device__ __forceinline__ void conv_channel(const float* x, int64_t num_tokens,
       if (j < history) sum += w_history[j] * window[j];
     }
     sum += w_current * xt;
-    y[t * channels + c] = sum / (1.0f + expf(-sum));
+    y[t * y_stride] = sum / (1.0f + expf(-sum));
 #pragma unroll
     for (int j = 0; j < kMaxConvKernel - 1; ++j) {
       if (j + 1 < history) {
@@ -59,16 +61,16 @@ __global__ void __launch_bounds__(kElementwiseThreads)
     causal_conv_silu_kernel(const float* x, int64_t num_tokens, int64_t channels, int kernel, const float* weight,
                             float* conv_state, float* y) {
   const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (c < channels) conv_channel(x, num_tokens, channels, c, kernel, weight, conv_state, y);
+  if (c < channels) conv_channel(x, num_tokens, channels, c, kernel, weight, conv_state, y + c, channels);
 }
 
-// Sequence blockIdx.y of a batched step: its row of x and y, its conv state.
-__global__ void __launch_bounds__(kElementwiseThreads)
-    causal_conv_silu_steps_kernel(const float* x, int64_t channels, int kernel, const float* weight, StepStates states,
-                                  float* y) {
-  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const int64_t row = static_cast<int64_t>(blockIdx.y) * channels;
-  if (c < channels) conv_channel(x + row, 1, channels, c, kernel, weight, states.at[blockIdx.y], y + row);
+// The forget gate of one channel whose log-rate is a_log and bias dt_bias (kda_gate).
+__device__ __forceinline__ float forget_gate(float f, float a_log, float dt_bias, bool bounded, float lower_bound) {
+  const float rate = expf(a_log);
+  const float x = f + dt_bias;
+  if (bounded) return lower_bound / (1.0f + expf(-(rate * x)));
+  const float softplus = x > 20.0f ? x : logf(1.0f + expf(x));  // as the CPU (transformers' guard)
+  return -rate * softplus;
 }
 
 __global__ void __launch_bounds__(kElementwiseThreads)
@@ -77,14 +79,7 @@ __global__ void __launch_bounds__(kElementwiseThreads)
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
   const int64_t channel = i % (num_heads * head_dim);  // h * head_dim + c
-  const float rate = expf(a_log[channel / head_dim]);
-  const float x = f[i] + dt_bias[channel];
-  if (bounded) {
-    g[i] = lower_bound / (1.0f + expf(-(rate * x)));
-  } else {
-    const float softplus = x > 20.0f ? x : logf(1.0f + expf(x));  // as the CPU (transformers' guard)
-    g[i] = -rate * softplus;
-  }
+  g[i] = forget_gate(f[i], a_log[channel / head_dim], dt_bias[channel], bounded, lower_bound);
 }
 
 // Key rows per lane: lane l holds rows l + 32 i below D (a head_dim below 32 leaves lanes idle; their rows read as
@@ -118,94 +113,152 @@ __device__ __forceinline__ TokenInputs<D> load_token(const KdaDeviceArgs& a, int
   return in;
 }
 
-// Head blockIdx.x; each warp owns value columns [column0, column0 + 4) and every key row, so S^T k and S^T q are
-// warp reductions over the key rows and the warps never meet. Lane l holds S[l + 32 i][column0 + j] in registers for
-// the whole call; the next token's inputs are loaded while the current one is computed.
-// The call's tensors from row (token) `first` on.
-__host__ __device__ __forceinline__ KdaDeviceArgs from_row(KdaDeviceArgs a, int64_t first) {
-  const int64_t width = a.num_heads * a.head_dim;
-  a.q += first * width;
-  a.k += first * width;
-  a.v += first * width;
-  a.g += first * width;
-  a.beta += first * a.num_heads;
-  a.out += first * width;
-  return a;
+// The warp's state columns [column0, column0 + 4) of a head: lane l holds S[l + 32 i][column0 + j].
+template <int D>
+struct StateColumns {
+  float S[rows_per_lane<D>()][kColumnsPerWarp];
+};
+
+template <int D>
+__device__ __forceinline__ StateColumns<D> load_columns(const float* state, int column0, int lane) {
+  StateColumns<D> c{};
+#pragma unroll
+  for (int i = 0; i < rows_per_lane<D>(); ++i) {
+    if (lane + 32 * i >= D) continue;
+    const float4 p = *reinterpret_cast<const float4*>(state + (lane + 32 * i) * D + column0);
+    c.S[i][0] = p.x, c.S[i][1] = p.y, c.S[i][2] = p.z, c.S[i][3] = p.w;
+  }
+  return c;
 }
 
-// With `steps`, block z runs sequence z of a batched step: one token, row z of the inputs and outputs, states.at[z].
 template <int D>
-__global__ void __launch_bounds__(32 * kWarpsPerBlock) kda_recurrent_kernel(KdaDeviceArgs a, bool steps,
-                                                                           StepStates states) {
-  if (steps) {
-    a = from_row(a, blockIdx.z);
-    a.num_tokens = 1;
-    a.state = states.at[blockIdx.z];
+__device__ __forceinline__ void store_columns(const StateColumns<D>& c, float* state, int column0, int lane) {
+#pragma unroll
+  for (int i = 0; i < rows_per_lane<D>(); ++i) {
+    if (lane + 32 * i >= D) continue;
+    *reinterpret_cast<float4*>(state + (lane + 32 * i) * D + column0) =
+        make_float4(c.S[i][0], c.S[i][1], c.S[i][2], c.S[i][3]);
   }
+}
+
+// One token of the delta rule on the warp's columns; out[j] is column column0 + j of the token's output, summed over
+// the warp (every lane holds it). S^T k and S^T q are warp reductions over the key rows, so warps never meet.
+template <int D>
+__device__ __forceinline__ void delta_rule_token(const TokenInputs<D>& in, StateColumns<D>& state,
+                                                 float (&out)[kColumnsPerWarp]) {
   constexpr int kRows = rows_per_lane<D>();
+  const float scale = 1.0f / sqrtf(static_cast<float>(D));
+  float qq = 0.0f, kk = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kRows; ++i) {
+    qq += in.q[i] * in.q[i];
+    kk += in.k[i] * in.k[i];
+  }
+  const float q_norm = sqrtf(warp_sum(qq) + 1e-6f), k_norm = sqrtf(warp_sum(kk) + 1e-6f);
+  float q[kRows], k[kRows];
+#pragma unroll
+  for (int i = 0; i < kRows; ++i) {
+    q[i] = in.q[i] / q_norm * scale;
+    k[i] = in.k[i] / k_norm;
+  }
+  float memory[kColumnsPerWarp] = {};
+#pragma unroll
+  for (int i = 0; i < kRows; ++i) {
+    const float decay = expf(in.g[i]);
+#pragma unroll
+    for (int j = 0; j < kColumnsPerWarp; ++j) {
+      state.S[i][j] *= decay;
+      memory[j] += state.S[i][j] * k[i];
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < kColumnsPerWarp; ++j) {
+    out[j] = 0.0f;
+    const float delta = (in.v[j] - warp_sum(memory[j])) * in.beta;
+#pragma unroll
+    for (int i = 0; i < kRows; ++i) {
+      state.S[i][j] += k[i] * delta;
+      out[j] += state.S[i][j] * q[i];
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < kColumnsPerWarp; ++j) out[j] = warp_sum(out[j]);
+}
+
+// Head blockIdx.x; each warp owns value columns [column0, column0 + 4) and every key row, in registers for the
+// whole call; the next token's inputs are loaded while the current one is computed.
+template <int D>
+__global__ void __launch_bounds__(32 * kWarpsPerBlock) kda_recurrent_kernel(KdaDeviceArgs a) {
   const int lane = static_cast<int>(threadIdx.x & 31u);
   const int64_t h = blockIdx.x;
   const int column0 = (static_cast<int>(blockIdx.y) * kWarpsPerBlock + static_cast<int>(threadIdx.x / 32)) *
                       kColumnsPerWarp;
   if (column0 >= D) return;  // a head narrower than the block's columns: whole warps idle
   float* state = a.state + h * D * D;  // S[c * D + v]
-  float S[kRows][kColumnsPerWarp] = {};
-#pragma unroll
-  for (int i = 0; i < kRows; ++i) {
-    if (lane + 32 * i >= D) continue;
-    const float4 p = *reinterpret_cast<const float4*>(state + (lane + 32 * i) * D + column0);
-    S[i][0] = p.x, S[i][1] = p.y, S[i][2] = p.z, S[i][3] = p.w;
-  }
-  const float scale = 1.0f / sqrtf(static_cast<float>(D));
+  StateColumns<D> columns = load_columns<D>(state, column0, lane);
   TokenInputs<D> next = load_token<D>(a, 0, h, column0, lane);
   for (int64_t t = 0; t < a.num_tokens; ++t) {
     const TokenInputs<D> in = next;
     if (t + 1 < a.num_tokens) next = load_token<D>(a, t + 1, h, column0, lane);
-    float qq = 0.0f, kk = 0.0f;
-#pragma unroll
-    for (int i = 0; i < kRows; ++i) {
-      qq += in.q[i] * in.q[i];
-      kk += in.k[i] * in.k[i];
-    }
-    const float q_norm = sqrtf(warp_sum(qq) + 1e-6f), k_norm = sqrtf(warp_sum(kk) + 1e-6f);
-    float q[kRows], k[kRows];
-#pragma unroll
-    for (int i = 0; i < kRows; ++i) {
-      q[i] = in.q[i] / q_norm * scale;
-      k[i] = in.k[i] / k_norm;
-    }
-    float memory[kColumnsPerWarp] = {};
-#pragma unroll
-    for (int i = 0; i < kRows; ++i) {
-      const float decay = expf(in.g[i]);
-#pragma unroll
-      for (int j = 0; j < kColumnsPerWarp; ++j) {
-        S[i][j] *= decay;
-        memory[j] += S[i][j] * k[i];
-      }
-    }
-    float out[kColumnsPerWarp] = {};
-#pragma unroll
-    for (int j = 0; j < kColumnsPerWarp; ++j) {
-      const float delta = (in.v[j] - warp_sum(memory[j])) * in.beta;
-#pragma unroll
-      for (int i = 0; i < kRows; ++i) {
-        S[i][j] += k[i] * delta;
-        out[j] += S[i][j] * q[i];
-      }
-    }
+    float out[kColumnsPerWarp];
+    delta_rule_token<D>(in, columns, out);
     float* o = a.out + (t * a.num_heads + h) * D + column0;
 #pragma unroll
     for (int j = 0; j < kColumnsPerWarp; ++j) {
-      const float sum = warp_sum(out[j]);
-      if (lane == j) o[j] = sum;
+      if (lane == j) o[j] = out[j];
     }
   }
-#pragma unroll
-  for (int i = 0; i < kRows; ++i) {
-    if (lane + 32 * i >= D) continue;
-    *reinterpret_cast<float4*>(state + (lane + 32 * i) * D + column0) = make_float4(S[i][0], S[i][1], S[i][2], S[i][3]);
+  store_columns<D>(columns, state, column0, lane);
+}
+
+// A decode step of the KDA block for head blockIdx.x of sequence blockIdx.y (KdaDecodeDeviceArgs): D / 4 warps, so
+// the block holds the head's whole state and every intermediate stays in shared memory. Its first 3 D threads run
+// the conv of one q, k or v channel each (updating that channel's conv state, which no other block touches), the
+// first D the forget gate; the warps then take the token's step on their columns, and the block norms the head's
+// output.
+template <int D>
+__global__ void __launch_bounds__(8 * D) kda_decode_kernel(KdaDecodeDeviceArgs a, DecodeStates states) {
+  __shared__ float qkv[3 * D], gates[D], attended[D], reduce[32];
+  const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, column0 = (tid / 32) * kColumnsPerWarp;
+  const int64_t h = blockIdx.x, s = blockIdx.y, C = a.num_heads * D, row = s * C + h * D;
+  // The state was last written by this layer's launch of the previous step, many launches back: every launch before
+  // the previous one has finished when a dependent launch starts, so it is read before the wait.
+  float* state = states.recurrent[s] + h * D * D;
+  StateColumns<D> columns = load_columns<D>(state, column0, lane);
+  wait_for_previous_grid();
+
+  if (tid < 3 * D) {
+    const int part = tid / D, c = tid % D;  // q, k, v; the channel within the head
+    const float* x = part == 0 ? a.q_in : part == 1 ? a.k_in : a.v_in;
+    const float* weight = part == 0 ? a.q_conv : part == 1 ? a.k_conv : a.v_conv;
+    float* conv_state = states.conv[s] + part * (a.conv_kernel - 1) * C;
+    conv_channel(x + s * C, 1, C, h * D + c, a.conv_kernel, weight, conv_state, &qkv[tid], 0);
   }
+  if (tid < D) {
+    gates[tid] = forget_gate(a.f[row + tid], a.a_log[h], a.dt_bias[h * D + tid], a.bounded, a.lower_bound);
+  }
+  __syncthreads();
+
+  TokenInputs<D> in;
+#pragma unroll
+  for (int i = 0; i < rows_per_lane<D>(); ++i) {
+    const bool held = lane + 32 * i < D;
+    in.q[i] = held ? qkv[lane + 32 * i] : 0.0f;
+    in.k[i] = held ? qkv[D + lane + 32 * i] : 0.0f;
+    in.g[i] = held ? gates[lane + 32 * i] : 0.0f;
+  }
+#pragma unroll
+  for (int j = 0; j < kColumnsPerWarp; ++j) in.v[j] = qkv[2 * D + column0 + j];
+  in.beta = 1.0f / (1.0f + expf(-a.beta[s * a.num_heads + h]));
+  float out[kColumnsPerWarp];
+  delta_rule_token<D>(in, columns, out);
+  if (lane < kColumnsPerWarp) attended[column0 + lane] = out[lane];
+  store_columns<D>(columns, state, column0, lane);
+
+  __syncthreads();  // every warp's columns of `attended` written
+  const float value = tid < D ? attended[tid] : 0.0f;
+  const float inv_rms = 1.0f / sqrtf(block_sum(value * value, reduce) / static_cast<float>(D) + a.eps);
+  if (tid < D) a.out[row + tid] = a.o_norm[tid] * (value * inv_rms) / (1.0f + expf(-a.gate[row + tid]));
 }
 
 }  // namespace
@@ -230,67 +283,63 @@ cudaError_t kda_gate(const float* f, int64_t num_tokens, int64_t num_heads, int6
 
 namespace {
 
-bool recurrent_shape_ok(const KdaDeviceArgs& args) {
-  const int64_t D = args.head_dim;
-  return D == 16 || D == 32 || D == 64 || D == 128;
-}
+bool head_dim_ok(int64_t D) { return D == 16 || D == 32 || D == 64 || D == 128; }
 
 bool aligned_state(const float* state) { return reinterpret_cast<uintptr_t>(state) % 16 == 0; }
-
-// count == 0: the single-sequence call (args.state); else `count` sequences of a batched step.
-cudaError_t launch_recurrent(const KdaDeviceArgs& args, int64_t count, const StepStates& states,
-                             cudaStream_t stream) {
-  const int64_t D = args.head_dim;
-  constexpr int64_t kBlockColumns = kColumnsPerWarp * kWarpsPerBlock;
-  const dim3 grid(static_cast<unsigned>(args.num_heads), static_cast<unsigned>((D + kBlockColumns - 1) / kBlockColumns),
-                  static_cast<unsigned>(std::max<int64_t>(count, 1)));
-  const bool steps = count > 0;
-  switch (D) {
-    case 16: kda_recurrent_kernel<16><<<grid, 32 * kWarpsPerBlock, 0, stream>>>(args, steps, states); break;
-    case 32: kda_recurrent_kernel<32><<<grid, 32 * kWarpsPerBlock, 0, stream>>>(args, steps, states); break;
-    case 64: kda_recurrent_kernel<64><<<grid, 32 * kWarpsPerBlock, 0, stream>>>(args, steps, states); break;
-    default: kda_recurrent_kernel<128><<<grid, 32 * kWarpsPerBlock, 0, stream>>>(args, steps, states); break;
-  }
-  return cudaGetLastError();
-}
 
 }  // namespace
 
 cudaError_t kda_recurrent(const KdaDeviceArgs& args, cudaStream_t stream) {
-  if (!recurrent_shape_ok(args) || !aligned_state(args.state)) return cudaErrorInvalidValue;
+  if (!head_dim_ok(args.head_dim) || !aligned_state(args.state)) return cudaErrorInvalidValue;
   if (args.num_tokens == 0 || args.num_heads == 0) return cudaSuccess;
-  return launch_recurrent(args, 0, StepStates{}, stream);
+  constexpr int64_t kBlockColumns = kColumnsPerWarp * kWarpsPerBlock;
+  const dim3 grid(static_cast<unsigned>(args.num_heads),
+                  static_cast<unsigned>((args.head_dim + kBlockColumns - 1) / kBlockColumns));
+  switch (args.head_dim) {
+    case 16: kda_recurrent_kernel<16><<<grid, 32 * kWarpsPerBlock, 0, stream>>>(args); break;
+    case 32: kda_recurrent_kernel<32><<<grid, 32 * kWarpsPerBlock, 0, stream>>>(args); break;
+    case 64: kda_recurrent_kernel<64><<<grid, 32 * kWarpsPerBlock, 0, stream>>>(args); break;
+    default: kda_recurrent_kernel<128><<<grid, 32 * kWarpsPerBlock, 0, stream>>>(args); break;
+  }
+  return cudaGetLastError();
 }
 
-cudaError_t kda_recurrent_steps(const KdaDeviceArgs& args, float* const* states, cudaStream_t stream) {
-  if (!recurrent_shape_ok(args)) return cudaErrorInvalidValue;
-  for (int64_t s = 0; s < args.num_tokens; ++s) {
+cudaError_t kda_decode_steps(const KdaDecodeDeviceArgs& args, float* const* conv_states, float* const* states,
+                             cudaStream_t stream) {
+  if (!head_dim_ok(args.head_dim) || args.conv_kernel < 1 || args.conv_kernel > kMaxConvKernel) {
+    return cudaErrorInvalidValue;
+  }
+  for (int64_t s = 0; s < args.num_sequences; ++s) {
     if (!aligned_state(states[s])) return cudaErrorInvalidValue;
   }
   if (args.num_heads == 0) return cudaSuccess;
-  for (int64_t first = 0; first < args.num_tokens; first += kMaxStepSequences) {
-    const int64_t count = std::min<int64_t>(kMaxStepSequences, args.num_tokens - first);
-    StepStates table{};
-    for (int64_t s = 0; s < count; ++s) table.at[s] = states[first + s];
-    const cudaError_t status = launch_recurrent(from_row(args, first), count, table, stream);
+  for (int64_t first = 0; first < args.num_sequences; first += kMaxStepSequences) {
+    const int64_t count = std::min<int64_t>(kMaxStepSequences, args.num_sequences - first);
+    DecodeStates table{};
+    for (int64_t s = 0; s < count; ++s) {
+      table.conv[s] = conv_states[first + s];
+      table.recurrent[s] = states[first + s];
+    }
+    KdaDecodeDeviceArgs part = args;
+    const int64_t width = args.num_heads * args.head_dim;
+    part.q_in += first * width;
+    part.k_in += first * width;
+    part.v_in += first * width;
+    part.f += first * width;
+    part.beta += first * args.num_heads;
+    part.gate += first * width;
+    part.out += first * width;
+    const dim3 grid(static_cast<unsigned>(args.num_heads), static_cast<unsigned>(count));
+    const int threads = 8 * static_cast<int>(args.head_dim);
+    // Dependent launch: the block's state load overlaps the projection before it.
+    cudaError_t status = cudaSuccess;
+    switch (args.head_dim) {
+      case 16: status = launch_dependent(kda_decode_kernel<16>, grid, dim3(threads), 0, stream, part, table); break;
+      case 32: status = launch_dependent(kda_decode_kernel<32>, grid, dim3(threads), 0, stream, part, table); break;
+      case 64: status = launch_dependent(kda_decode_kernel<64>, grid, dim3(threads), 0, stream, part, table); break;
+      default: status = launch_dependent(kda_decode_kernel<128>, grid, dim3(threads), 0, stream, part, table); break;
+    }
     if (status != cudaSuccess) return status;
-  }
-  return cudaSuccess;
-}
-
-cudaError_t causal_conv_silu_steps(const float* x, int64_t count, int64_t channels, int64_t kernel,
-                                   const float* weight, float* const* states, float* y, cudaStream_t stream) {
-  if (kernel < 1 || kernel > kMaxConvKernel) return cudaErrorInvalidValue;
-  if (channels == 0) return cudaSuccess;
-  for (int64_t first = 0; first < count; first += kMaxStepSequences) {
-    const int64_t n = std::min<int64_t>(kMaxStepSequences, count - first);
-    StepStates table{};
-    for (int64_t s = 0; s < n; ++s) table.at[s] = states[first + s];
-    const dim3 grid(blocks_for(channels, kElementwiseThreads), static_cast<unsigned>(n));
-    causal_conv_silu_steps_kernel<<<grid, kElementwiseThreads, 0, stream>>>(x + first * channels, channels,
-                                                                           static_cast<int>(kernel), weight, table,
-                                                                           y + first * channels);
-    if (const cudaError_t status = cudaGetLastError(); status != cudaSuccess) return status;
   }
   return cudaSuccess;
 }

@@ -4,9 +4,10 @@
 //
 // The delta rule is decode-first: one warp owns 4 value columns of one head's [head_dim, head_dim] state in
 // registers for every token of the call, so the state is read and written once per call and warps never
-// synchronise. The multi-token form (kda_chunked) runs the same recurrence token by token; the chunked WY form on
-// the tensor cores (what prefill wants) is future work. Both forms compute the same recurrence, so they differ from
-// the CPU's WY form only by rounding.
+// synchronise; a decode step runs the whole block between the projections and o_proj in one launch. The
+// multi-token form (kda_chunked) runs the same recurrence token by token; the chunked WY form on the tensor cores
+// (what prefill wants) is future work. Both forms compute the same recurrence, so they differ from the CPU's WY form
+// only by rounding.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -27,11 +28,28 @@ struct KdaDeviceArgs {
   float* out;         // [T, heads, head_dim]
 };
 
-// Per-sequence state pointers of a batched decode step, passed by value in the launch (no upload): at most
-// kMaxStepSequences a launch, the launchers split larger batches.
+// KdaDecodeArgs (backend/backend.h) with device pointers, the lower bound by value (bounded false: none).
+struct KdaDecodeDeviceArgs {
+  int64_t num_sequences, num_heads, head_dim, conv_kernel;
+  const float *q_in, *k_in, *v_in;        // [S, heads * head_dim] before the conv
+  const float *q_conv, *k_conv, *v_conv;  // [heads * head_dim, conv_kernel]
+  const float* f;                         // [S, heads * head_dim] the forget gate's projection
+  const float *a_log, *dt_bias;
+  bool bounded;
+  float lower_bound;
+  const float* beta;  // [S, heads] write-strength logits (read only)
+  const float* gate;  // [S, heads * head_dim] output-gate logits
+  const float* o_norm;
+  float eps;
+  float* out;  // [S, heads * head_dim]
+};
+
+// Per-sequence state pointers of a decode step, passed by value in the launch (no upload): at most
+// kMaxStepSequences a launch, the launcher splits larger batches.
 constexpr int kMaxStepSequences = 64;
-struct StepStates {
-  float* at[kMaxStepSequences];
+struct DecodeStates {
+  float* conv[kMaxStepSequences];       // [3, conv_kernel - 1, heads * head_dim]: q, k, v
+  float* recurrent[kMaxStepSequences];  // [heads, head_dim, head_dim], 16-byte aligned
 };
 
 // Causal depthwise conv over x [T, channels] with weight [channels, kernel], then SiLU into y [T, channels].
@@ -39,10 +57,6 @@ struct StepStates {
 // be in 1..8 (the model uses 4), else cudaErrorInvalidValue.
 cudaError_t causal_conv_silu(const float* x, int64_t num_tokens, int64_t channels, int64_t kernel,
                              const float* weight, float* conv_state, float* y, cudaStream_t stream);
-
-// One token of each of `count` sequences: row s of x and y is sequence s's, states[s] its conv_state.
-cudaError_t causal_conv_silu_steps(const float* x, int64_t count, int64_t channels, int64_t kernel,
-                                   const float* weight, float* const* states, float* y, cudaStream_t stream);
 
 // Forget gate per head h and channel c of f [T, heads, head_dim]: g = lower_bound * sigmoid(exp(a_log[h]) * (f +
 // dt_bias[h, c])) when lower_bound (a host pointer) is set, else -exp(a_log[h]) * softplus(f + dt_bias[h, c]).
@@ -54,9 +68,12 @@ cudaError_t kda_gate(const float* f, int64_t num_tokens, int64_t num_heads, int6
 // (the model uses 128, the test fixtures 16) and state 16-byte aligned, else cudaErrorInvalidValue.
 cudaError_t kda_recurrent(const KdaDeviceArgs& args, cudaStream_t stream);
 
-// One token of each of args.num_tokens sequences: row s of q, k, v, g, beta and out is sequence s's, states[s] its
-// state (args.state is not used).
-cudaError_t kda_recurrent_steps(const KdaDeviceArgs& args, float* const* states, cudaStream_t stream);
+// A decode step of the KDA block after its projections (Backend::kda_decode_steps) in one launch per 64 sequences:
+// a block per head and sequence holds the head's state and runs the conv, the gates, the delta rule and the gated
+// norm. conv_states[s] and states[s] are sequence s's; head_dim and conv_kernel as above, states 16-byte aligned,
+// else cudaErrorInvalidValue.
+cudaError_t kda_decode_steps(const KdaDecodeDeviceArgs& args, float* const* conv_states, float* const* states,
+                             cudaStream_t stream);
 
 // The multi-token call (Backend::kda_chunked). Today the recurrence above over all T tokens; chunk_size (>= 1, else
 // cudaErrorInvalidValue) is the chunk length the tensor-core WY form will take.

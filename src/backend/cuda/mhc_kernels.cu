@@ -81,7 +81,10 @@ __global__ void __launch_bounds__(kThreads) mhc_mix_kernel(MhcMixArgs a) {
 __device__ __forceinline__ float post_mixed(const float* comb, int64_t hc, int64_t j, const float* x, int64_t x_stride,
                                             float post_j, float y) {
   float sum = 0.0f;
-  for (int64_t i = 0; i < hc; ++i) sum += comb[i * hc + j] * x[i * x_stride];
+#pragma unroll  // to the largest hc, so that the loads are issued together
+  for (int i = 0; i < kMaxHcMult; ++i) {
+    if (i < hc) sum += comb[i * hc + j] * x[i * x_stride];
+  }
   return post_j * y + sum;
 }
 
@@ -122,7 +125,7 @@ __device__ __forceinline__ float weight_value(const W* w, int64_t i) {
 
 // The site's first launch, grid (slices, T). Thread e of a block owns stream i = e / 64 at channel
 // d = slice * 64 + e % 64: it applies the pending post-mix to its element in place and the block writes its slice's
-// shares (share_rows) to partials[t, slice].
+// shares (share_rows) to partials[t, row, slice] (a row's slices adjacent, for the collapse's loads).
 template <typename W>
 __global__ void __launch_bounds__(kThreads) mhc_site_shares_kernel(MhcSiteArgs a) {
   __shared__ float shares[kThreads / 32][kMaxShareRows];
@@ -175,7 +178,7 @@ __global__ void __launch_bounds__(kThreads) mhc_site_shares_kernel(MhcSiteArgs a
   if (threadIdx.x < rows) {
     float sum = 0.0f;
     for (unsigned w = 0; w < kThreads / 32; ++w) sum += shares[w][threadIdx.x];
-    a.partials[(t * slices + slice) * rows + threadIdx.x] = sum;
+    a.partials[(t * rows + threadIdx.x) * slices + slice] = sum;
   }
 }
 
@@ -195,12 +198,27 @@ __global__ void __launch_bounds__(kThreads) mhc_site_collapse_kernel(MhcSiteArgs
   const float norm_weight = collapses && a.norm_weight != nullptr ? a.norm_weight[d] : 1.0f;
   wait_for_previous_grid();
 
-  const float* shares = a.partials + t * slices * rows;
-  for (int64_t r = warp; r < rows; r += kThreads / 32) {
-    float sum = 0.0f;
-    for (int64_t s = lane; s < slices; s += 32) sum += shares[s * rows + r];
-    sum = warp_sum(sum);
-    if (lane == 0) totals[r] = sum;
+  // Warp w sums rows w, w + 8, ...: every load is issued before the first sum is needed (lane l adds slices l,
+  // l + 32, ... in order, then the warp's butterfly).
+  const float* shares = a.partials + t * rows * slices;
+  constexpr int kRowsPerWarp = (kMaxShareRows + kThreads / 32 - 1) / (kThreads / 32);
+  float sums[kRowsPerWarp] = {};
+  for (int64_t s0 = 0; s0 < slices; s0 += 64) {
+#pragma unroll
+    for (int j = 0; j < kRowsPerWarp; ++j) {
+      const int64_t r = warp + j * (kThreads / 32);
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int64_t s = s0 + lane + 32 * half;
+        if (r < rows && s < slices) sums[j] += shares[r * slices + s];
+      }
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < kRowsPerWarp; ++j) {
+    const int64_t r = warp + j * (kThreads / 32);
+    const float sum = warp_sum(sums[j]);
+    if (lane == 0 && r < rows) totals[r] = sum;
   }
   __syncthreads();
   float squares = 0.0f;
@@ -219,7 +237,10 @@ __global__ void __launch_bounds__(kThreads) mhc_site_collapse_kernel(MhcSiteArgs
   if (!collapses) return;
   const float* x = a.streams + t * width;
   float collapsed = 0.0f;
-  for (int64_t i = 0; i < hc; ++i) collapsed += pre[i] * x[i * D + d];
+#pragma unroll
+  for (int i = 0; i < kMaxHcMult; ++i) {
+    if (i < hc) collapsed += pre[i] * x[i * D + d];
+  }
   // The collapsed stream's sum of squares, sum_ij pre_i pre_j <x_i, x_j>, in double: the cross terms may cancel.
   double collapsed_squares = 0.0;
   for (int64_t i = 0; i < hc; ++i) {

@@ -16,8 +16,11 @@ __global__ void __launch_bounds__(kThreads)
   const float* in = x + blockIdx.x * n;
   float* out = y + blockIdx.x * n;
   float sum_squares = 0.0f;
+  // Unrolled so that a thread's loads are in flight together (a decode step's row is one block's).
+#pragma unroll 4
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) sum_squares += in[i] * in[i];
   const float inv_rms = 1.0f / sqrtf(block_sum(sum_squares, shared) / static_cast<float>(n) + eps);
+#pragma unroll 4
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
     float v = (weight ? weight[i] : 1.0f) * (in[i] * inv_rms);
     if (gate) v *= 1.0f / (1.0f + expf(-gate[blockIdx.x * n + i]));
@@ -31,6 +34,7 @@ __global__ void __launch_bounds__(kThreads)
   const float* in = x + blockIdx.x * n;
   float* out = y + blockIdx.x * n;
   float sum = 0.0f;
+#pragma unroll 4
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) sum += in[i];
   const float mean = block_sum(sum, shared) / static_cast<float>(n);
   float squares = 0.0f;
