@@ -55,10 +55,11 @@ struct KdaArgs {
   float* out;          // [T, heads, head_dim]
 };
 
-// One decode step of the KDA block after its projections, for S sequences of one token each (row s of every [S, ...]
-// tensor is sequence s's; Backend::kda_decode_steps takes each one's conv state [3, K-1, C] (q, k, v) and recurrent
-// state): the causal conv + SiLU of q, k and v, the forget gate (kda_gate), the write strength's sigmoid, the gated
-// delta rule, then per head rms_norm(attended; o_norm, eps) * sigmoid(gate). C = num_heads * head_dim.
+// One decode step of the KDA block after its projections from x, for S sequences of one token each (row s of every
+// [S, ...] tensor is sequence s's; Backend::kda_decode_steps takes each one's conv state [3, K-1, C] (q, k, v) and
+// recurrent state): the causal conv + SiLU of q, k and v, the gates' second projections (f_b, g_b), the forget gate
+// (kda_gate), the write strength's sigmoid, the gated delta rule, then per head rms_norm(attended; o_norm, eps) *
+// sigmoid(gate). C = num_heads * head_dim.
 struct KdaDecodeArgs {
   int64_t num_sequences, num_heads, head_dim, conv_kernel;
   const float* q_in;  // [S, C] the projections, before the conv
@@ -67,15 +68,18 @@ struct KdaDecodeArgs {
   const float* q_conv;  // [C, conv_kernel]
   const float* k_conv;
   const float* v_conv;
-  const float* f;            // [S, C] the forget gate's projection
+  const float* f_low;        // [S, head_dim] the forget gate's first projection (f_a), and its second (f_b)
+  const LinearWeight* f_b_proj;
   const float* a_log;        // as kda_gate's
   const float* dt_bias;
   const float* lower_bound;  // host pointer, or none
   float* beta;               // [S, heads] write-strength logits; the default turns them into their sigmoid in place
-  const float* gate;         // [S, C] output-gate logits
+  const float* gate_low;     // [S, head_dim] the output gate's first projection (g_a), and its second (g_b)
+  const LinearWeight* g_b_proj;
   const float* o_norm;       // [head_dim]
   float eps;
-  float* work;  // 5 * S * C floats for the default's intermediates (q, k, v, g, attended); a fused backend ignores it
+  float* work;  // 7 * S * C floats for the default's intermediates (q, k, v, f, g, gate, attended); a fused backend
+                // may leave it untouched
   float* out;   // [S, C]
 };
 
@@ -235,8 +239,8 @@ public:
   virtual void kda_chunked(const KdaArgs& args, int64_t chunk_size) = 0;
   virtual void kda_recurrent(const KdaArgs& args) = 0;
 
-  // One decode step of the KDA block between its projections and o_proj (KdaDecodeArgs). The default composes the
-  // single-sequence ops above and kda_gate, sigmoid, gated_rms_norm below; a GPU runs the step as one launch.
+  // One decode step of the KDA block between its projections from x and o_proj (KdaDecodeArgs). The default composes
+  // the single-sequence ops above, linear, kda_gate, sigmoid and gated_rms_norm; a GPU runs the step as one launch.
   virtual void kda_decode_steps(const KdaDecodeArgs& args, std::span<float* const> conv_states,
                                 std::span<float* const> states) {
     const int64_t S = args.num_sequences, H = args.num_heads, Dh = args.head_dim, C = H * Dh, K = args.conv_kernel;
@@ -245,22 +249,26 @@ public:
     float* q = args.work;
     float* k = q + S * C;
     float* v = k + S * C;
-    float* g = v + S * C;
-    float* attended = g + S * C;
+    float* f = v + S * C;
+    float* g = f + S * C;
+    float* gate = g + S * C;
+    float* attended = gate + S * C;
     for (int64_t s = 0; s < S; ++s) {
       float* conv = conv_states[static_cast<size_t>(s)];
       causal_conv_silu(args.q_in + s * C, 1, C, K, args.q_conv, conv, q + s * C);
       causal_conv_silu(args.k_in + s * C, 1, C, K, args.k_conv, conv + (K - 1) * C, k + s * C);
       causal_conv_silu(args.v_in + s * C, 1, C, K, args.v_conv, conv + 2 * (K - 1) * C, v + s * C);
     }
-    kda_gate(args.f, S, H, Dh, args.a_log, args.dt_bias, args.lower_bound, g);
+    linear(args.f_low, S, *args.f_b_proj, f);
+    linear(args.gate_low, S, *args.g_b_proj, gate);
+    kda_gate(f, S, H, Dh, args.a_log, args.dt_bias, args.lower_bound, g);
     sigmoid(args.beta, S * H);
     for (int64_t s = 0; s < S; ++s) {
       kda_recurrent(KdaArgs{.num_tokens = 1, .num_heads = H, .head_dim = Dh, .q = q + s * C, .k = k + s * C,
                             .v = v + s * C, .g = g + s * C, .beta = args.beta + s * H,
                             .state = states[static_cast<size_t>(s)], .out = attended + s * C});
     }
-    gated_rms_norm(attended, args.gate, S * H, Dh, args.o_norm, args.eps, args.out);
+    gated_rms_norm(attended, gate, S * H, Dh, args.o_norm, args.eps, args.out);
   }
 
   // DSA indexer selection: for each new token, the positions it attends to (ascending).

@@ -196,15 +196,8 @@ void Glm5NextModel::kda_block(Workspace& ws, const KdaWeights& w, int64_t layer,
   }
   const float lower_bound = c.linear_lower_bound ? static_cast<float>(*c.linear_lower_bound) : 0.0f;
   if (one_token_each(calls)) {
-    // A decode step: the gates' second projections, then everything up to o_proj as one backend op.
-    float* f = ws.floats(T * C);
-    float* gate = ws.floats(T * C);
+    // A decode step: everything up to o_proj as one backend op.
     float* gated = ws.floats(T * C);
-    {
-      const ProfileScope part(profile_, backend_, "kda projections");
-      backend_.linear(f_low, T, w.f_b_proj, f);
-      backend_.linear(gate_low, T, w.g_b_proj, gate);
-    }
     {
       const ProfileScope part(profile_, backend_, "kda convolution and recurrence");
       std::vector<float*> conv_states, states;
@@ -214,12 +207,13 @@ void Glm5NextModel::kda_block(Workspace& ws, const KdaWeights& w, int64_t layer,
       }
       backend_.kda_decode_steps(KdaDecodeArgs{.num_sequences = T, .num_heads = H, .head_dim = Dh, .conv_kernel = K,
                                               .q_in = q_in, .k_in = k_in, .v_in = v_in, .q_conv = w.q_conv.data(),
-                                              .k_conv = w.k_conv.data(), .v_conv = w.v_conv.data(), .f = f,
-                                              .a_log = w.a_log.data(), .dt_bias = w.dt_bias.data(),
+                                              .k_conv = w.k_conv.data(), .v_conv = w.v_conv.data(), .f_low = f_low,
+                                              .f_b_proj = &w.f_b_proj, .a_log = w.a_log.data(),
+                                              .dt_bias = w.dt_bias.data(),
                                               .lower_bound = c.linear_lower_bound ? &lower_bound : nullptr,
-                                              .beta = beta, .gate = gate, .o_norm = w.o_norm.data(),
-                                              .eps = static_cast<float>(c.rms_norm_eps), .work = ws.floats(5 * T * C),
-                                              .out = gated},
+                                              .beta = beta, .gate_low = gate_low, .g_b_proj = &w.g_b_proj,
+                                              .o_norm = w.o_norm.data(), .eps = static_cast<float>(c.rms_norm_eps),
+                                              .work = ws.floats(7 * T * C), .out = gated},
                                 conv_states, states);
     }
     const ProfileScope part(profile_, backend_, "kda projections");

@@ -12,6 +12,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/device_runtime.h"
 #include "backend/cuda/kda_kernels.h"
+#include "base/numeric.h"
 #include "cuda_test_util.h"
 
 namespace kestrel::cuda {
@@ -161,9 +162,9 @@ TEST(CudaKdaTest, ChunkedMatchesCpuChunked) {
   EXPECT_LT(relative_difference(gpu.state, cpu.state), kChunkedTolerance);
 }
 
-// A decode step in one launch (conv, gates, delta rule, gated norm) computes what the CPU's composition of the
-// single ops computes, per sequence: outputs and states within the recurrence's bound (the norm's block sum adds only
-// rounding), the conv states exactly (copied inputs). 70 sequences cross the 64 a launch takes; head dim 16 is the
+// A decode step in one launch (conv, the gates' second projections, gates, delta rule, gated norm) computes what the
+// CPU's composition of the single ops computes, per sequence: outputs and states within the recurrence's bound (the
+// projections' and the norm's sums add only rounding), the conv states exactly (copied inputs). 70 sequences cross the 64 a launch takes; head dim 16 is the
 // golden fixtures', 128 the model's; with and without the gate's lower bound.
 TEST(CudaKdaTest, DecodeStepMatchesCpuComposition) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
@@ -178,8 +179,15 @@ TEST(CudaKdaTest, DecodeStepMatchesCpuComposition) {
     const int64_t S = shape.sequences, H = shape.heads, D = shape.dim, C = H * D;
     const auto n = static_cast<size_t>(S * C);
     const std::vector<float> q_in = random_values(n, ++seed), k_in = random_values(n, ++seed);
-    const std::vector<float> v_in = random_values(n, ++seed), f = random_values(n, ++seed);
-    const std::vector<float> gate = random_values(n, ++seed);
+    const std::vector<float> v_in = random_values(n, ++seed);
+    const auto lows = static_cast<size_t>(S * D);
+    const std::vector<float> f_low = random_values(lows, ++seed), gate_low = random_values(lows, ++seed);
+    // The gates' second projections [C, D] in bf16, as the checkpoint stores them.
+    std::vector<uint16_t> f_b(static_cast<size_t>(C * D)), g_b(f_b.size());
+    for (std::vector<uint16_t>* m : {&f_b, &g_b}) {
+      const std::vector<float> values = random_values(m->size(), ++seed, 0.2f);
+      for (size_t i = 0; i < values.size(); ++i) (*m)[i] = f32_to_bf16(values[i]);
+    }
     const std::vector<float> beta = random_values(static_cast<size_t>(S * H), ++seed);
     const auto conv_weights = static_cast<size_t>(C * kKernel);
     const std::vector<float> q_conv = random_values(conv_weights, ++seed, 0.5f);
@@ -196,8 +204,11 @@ TEST(CudaKdaTest, DecodeStepMatchesCpuComposition) {
     const float lower_bound = -5.0f;
     const float eps = 1e-5f;
 
-    DeviceBuffer q_dev = to_device(q_in), k_dev = to_device(k_in), v_dev = to_device(v_in), f_dev = to_device(f);
-    DeviceBuffer gate_dev = to_device(gate), beta_dev = to_device(beta), qc_dev = to_device(q_conv);
+    DeviceBuffer q_dev = to_device(q_in), k_dev = to_device(k_in), v_dev = to_device(v_in);
+    DeviceBuffer f_low_dev = to_device(f_low), gate_low_dev = to_device(gate_low);
+    DeviceBuffer f_b_dev = DeviceBuffer::copy_of(f_b.data(), f_b.size() * 2);
+    DeviceBuffer g_b_dev = DeviceBuffer::copy_of(g_b.data(), g_b.size() * 2);
+    DeviceBuffer beta_dev = to_device(beta), qc_dev = to_device(q_conv);
     DeviceBuffer kc_dev = to_device(k_conv), vc_dev = to_device(v_conv), a_log_dev = to_device(a_log);
     DeviceBuffer dt_dev = to_device(dt_bias), o_norm_dev = to_device(o_norm), conv_dev = to_device(conv);
     DeviceBuffer states_dev = to_device(states), out_dev(n * sizeof(float));
@@ -210,16 +221,21 @@ TEST(CudaKdaTest, DecodeStepMatchesCpuComposition) {
                                                .conv_kernel = kKernel, .q_in = q_dev.as<float>(),
                                                .k_in = k_dev.as<float>(), .v_in = v_dev.as<float>(),
                                                .q_conv = qc_dev.as<float>(), .k_conv = kc_dev.as<float>(),
-                                               .v_conv = vc_dev.as<float>(), .f = f_dev.as<float>(),
-                                               .a_log = a_log_dev.as<float>(), .dt_bias = dt_dev.as<float>(),
-                                               .bounded = shape.bounded, .lower_bound = lower_bound,
-                                               .beta = beta_dev.as<float>(), .gate = gate_dev.as<float>(),
+                                               .v_conv = vc_dev.as<float>(), .f_low = f_low_dev.as<float>(),
+                                               .f_b = f_b_dev.data(), .a_log = a_log_dev.as<float>(),
+                                               .dt_bias = dt_dev.as<float>(), .bounded = shape.bounded,
+                                               .lower_bound = lower_bound, .beta = beta_dev.as<float>(),
+                                               .gate_low = gate_low_dev.as<float>(), .g_b = g_b_dev.data(),
                                                .o_norm = o_norm_dev.as<float>(), .eps = eps,
                                                .out = out_dev.as<float>()},
                            conv_pointers.data(), state_pointers.data(), nullptr),
           "kda_decode_steps");
 
-    std::vector<float> cpu_beta = beta, work(5 * n), cpu_out(n);
+    std::vector<float> cpu_beta = beta, work(7 * n), cpu_out(n);
+    const LinearWeight f_b_weight{.name = "f_b", .dtype = DType::bf16, .out_features = C, .in_features = D,
+                                  .data = reinterpret_cast<const std::byte*>(f_b.data())};
+    const LinearWeight g_b_weight{.name = "g_b", .dtype = DType::bf16, .out_features = C, .in_features = D,
+                                  .data = reinterpret_cast<const std::byte*>(g_b.data())};
     std::vector<float*> cpu_conv, cpu_states;
     for (int64_t s = 0; s < S; ++s) {
       cpu_conv.push_back(conv.data() + s * conv_floats);
@@ -228,10 +244,12 @@ TEST(CudaKdaTest, DecodeStepMatchesCpuComposition) {
     CpuBackend().kda_decode_steps(KdaDecodeArgs{.num_sequences = S, .num_heads = H, .head_dim = D,
                                                 .conv_kernel = kKernel, .q_in = q_in.data(), .k_in = k_in.data(),
                                                 .v_in = v_in.data(), .q_conv = q_conv.data(),
-                                                .k_conv = k_conv.data(), .v_conv = v_conv.data(), .f = f.data(),
+                                                .k_conv = k_conv.data(), .v_conv = v_conv.data(),
+                                                .f_low = f_low.data(), .f_b_proj = &f_b_weight,
                                                 .a_log = a_log.data(), .dt_bias = dt_bias.data(),
                                                 .lower_bound = shape.bounded ? &lower_bound : nullptr,
-                                                .beta = cpu_beta.data(), .gate = gate.data(),
+                                                .beta = cpu_beta.data(), .gate_low = gate_low.data(),
+                                                .g_b_proj = &g_b_weight,
                                                 .o_norm = o_norm.data(), .eps = eps, .work = work.data(),
                                                 .out = cpu_out.data()},
                                   cpu_conv, cpu_states);

@@ -318,15 +318,26 @@ void CudaBackend::kda_decode_steps(const KdaDecodeArgs& a, std::span<float* cons
               static_cast<int64_t>(states.size()) == a.num_sequences,
           "KDA decode step: {} sequences, {} conv states, {} states", a.num_sequences, conv_states.size(),
           states.size());
+  // The kernel reads the gates' second projections as bf16 [heads * head_dim, head_dim]; other formats compose.
+  const DeviceLinear& f_b = placed_linear(*a.f_b_proj);
+  const DeviceLinear& g_b = placed_linear(*a.g_b_proj);
+  const auto takes = [&](const DeviceLinear& m) {
+    return m.plain_data() != nullptr && m.dense_type() == DenseWeightType::bf16 && m.in_features() == a.head_dim &&
+           m.out_features() == a.num_heads * a.head_dim;
+  };
+  if (!takes(f_b) || !takes(g_b)) {
+    Backend::kda_decode_steps(a, conv_states, states);
+    return;
+  }
   check(cuda::kda_decode_steps(KdaDecodeDeviceArgs{.num_sequences = a.num_sequences, .num_heads = a.num_heads,
                                                    .head_dim = a.head_dim, .conv_kernel = a.conv_kernel,
                                                    .q_in = a.q_in, .k_in = a.k_in, .v_in = a.v_in,
                                                    .q_conv = a.q_conv, .k_conv = a.k_conv, .v_conv = a.v_conv,
-                                                   .f = a.f, .a_log = a.a_log, .dt_bias = a.dt_bias,
-                                                   .bounded = a.lower_bound != nullptr,
+                                                   .f_low = a.f_low, .f_b = f_b.plain_data(), .a_log = a.a_log,
+                                                   .dt_bias = a.dt_bias, .bounded = a.lower_bound != nullptr,
                                                    .lower_bound = a.lower_bound ? *a.lower_bound : 0.0f,
-                                                   .beta = a.beta, .gate = a.gate, .o_norm = a.o_norm, .eps = a.eps,
-                                                   .out = a.out},
+                                                   .beta = a.beta, .gate_low = a.gate_low, .g_b = g_b.plain_data(),
+                                                   .o_norm = a.o_norm, .eps = a.eps, .out = a.out},
                                conv_states.data(), states.data(), stream_),
         "kda_decode_steps launch");
 }

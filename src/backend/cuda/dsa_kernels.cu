@@ -347,7 +347,7 @@ __global__ void __launch_bounds__(kThreads) absorb_query_kernel(SparseMlaDeviceA
 
 // Grid (token × head, part). Each block runs the online softmax over its part of the token's positions; with one part
 // it finishes (normalises, projects by W_UV), else it leaves its running max, total and unnormalised output in the
-// scratch for combine_parts_kernel. Shared memory: the staged latent rows [kLatentChunk, rank], q̂ [rank] (ô at the
+// scratch for merge_parts_kernel. Shared memory: the staged latent rows [kLatentChunk, rank], q̂ [rank] (ô at the
 // end), the output accumulator [rank] (each thread owns the same ranks throughout), q [qk_head_dim], the step's
 // probabilities [kLatentChunk].
 __global__ void __launch_bounds__(kThreads) sparse_mla_kernel(SparseMlaDeviceArgs a) {
@@ -437,7 +437,7 @@ __global__ void __launch_bounds__(kThreads) sparse_mla_kernel(SparseMlaDeviceArg
 // accumulators in registers; the online softmax is sparse_mla_kernel's, step for step (scores scaled after the dot,
 // the accumulator rescaled, then the chunk's rows added in order). With one part (prefill-sized calls) the block
 // computes q̂ and projects by W_UV itself; split (decode), q̂ comes from absorb_query_kernel and the part's running
-// max, total and unnormalised output go to the scratch for combine_parts_kernel, as sparse_mla_kernel's do.
+// max, total and unnormalised output go to the scratch for merge_parts_kernel, as sparse_mla_kernel's do.
 constexpr int kRowChunk = 32;  // one position per lane in the softmax step
 
 template <int RankPerLane>
@@ -584,33 +584,37 @@ bool launch_heads_kernel(const SparseMlaDeviceArgs& a, int64_t parts, cudaStream
   }
 }
 
-// Blocks of (token × head, kProjectRows output rows): each merges the pair's parts' softmax states (rescaled to the
-// common max; every block of the pair computes the same ô) and applies its rows of W_UV, so that W_UV is read by
+// Blocks of (token × head, kThreads ranks): each thread merges its rank's parts (rescaled to the common max) into ô,
+// written over the pair's q̂ in the scratch (attention has read it). Every thread of the pair computes the same
+// weights and total, in part order.
+__global__ void __launch_bounds__(kThreads) merge_parts_kernel(SparseMlaDeviceArgs a, int parts) {
+  const int rank = static_cast<int>(a.kv_lora_rank);
+  const int64_t pair = blockIdx.x;
+  const int r = static_cast<int>(blockIdx.y) * kThreads + static_cast<int>(threadIdx.x);
+  const float* partial = a.scratch + a.num_tokens * a.num_heads * rank + pair * parts * (rank + 2);
+  if (r >= rank) return;
+  float max_all = -INFINITY;
+  for (int p = 0; p < parts; ++p) max_all = fmaxf(max_all, partial[p * (rank + 2)]);
+  float total = 0.0f, o = 0.0f;
+  for (int p = 0; p < parts; ++p) {
+    const float m = partial[p * (rank + 2)];
+    const float w = m == -INFINITY ? 0.0f : expf(m - max_all);  // an empty part weighs nothing
+    total += partial[p * (rank + 2) + 1] * w;
+    o += w * partial[p * (rank + 2) + 2 + r];
+  }
+  a.scratch[pair * rank + r] = total > 0.0f ? o / total : 0.0f;
+}
+
+// Blocks of (token × head, kProjectRows output rows): W_UV's rows applied to the pair's ô, so that W_UV is read by
 // many SMs at once.
 constexpr int kProjectRows = 32;
 
-__global__ void __launch_bounds__(kThreads) combine_parts_kernel(SparseMlaDeviceArgs a, int parts) {
+__global__ void __launch_bounds__(kThreads) project_merged_kernel(SparseMlaDeviceArgs a) {
   extern __shared__ float4 shared_vectors[];
   const int rank = static_cast<int>(a.kv_lora_rank), vd = static_cast<int>(a.v_head_dim);
   const int64_t pair = blockIdx.x, t = pair / a.num_heads, h = pair % a.num_heads;
   float* o_latent = reinterpret_cast<float*>(shared_vectors);
-  float* weights = o_latent + rank;  // [parts]
-  const float* partial = a.scratch + a.num_tokens * a.num_heads * rank + pair * parts * (rank + 2);
-  float max_all = -INFINITY;
-  for (int p = 0; p < parts; ++p) max_all = fmaxf(max_all, partial[p * (rank + 2)]);
-  float total = 0.0f;
-  for (int p = 0; p < parts; ++p) {
-    const float m = partial[p * (rank + 2)];
-    const float w = m == -INFINITY ? 0.0f : expf(m - max_all);  // an empty part weighs nothing
-    if (threadIdx.x == 0) weights[p] = w;
-    total += partial[p * (rank + 2) + 1] * w;
-  }
-  __syncthreads();
-  for (int r = threadIdx.x; r < rank; r += kThreads) {
-    float o = 0.0f;
-    for (int p = 0; p < parts; ++p) o += weights[p] * partial[p * (rank + 2) + 2 + r];
-    o_latent[r] = total > 0.0f ? o / total : 0.0f;
-  }
+  for (int r = threadIdx.x; r < rank; r += kThreads) o_latent[r] = a.scratch[pair * rank + r];
   __syncthreads();
   const int first = static_cast<int>(blockIdx.y) * kProjectRows;
   project_values(a, t, h, o_latent, first, min(vd, first + kProjectRows));
@@ -951,11 +955,14 @@ cudaError_t sparse_mla_attention(const SparseMlaDeviceArgs& a, cudaStream_t stre
   }
   if (status != cudaSuccess) return status;
   if (parts > 1) {
-    const size_t combine_shared = static_cast<size_t>(a.kv_lora_rank + parts) * sizeof(float);
-    status = allow_shared(combine_parts_kernel, combine_shared);
+    // The parts merged once per pair, then W_UV applied by many blocks a pair.
+    const auto rank_blocks = static_cast<unsigned>((a.kv_lora_rank + kThreads - 1) / kThreads);
+    merge_parts_kernel<<<dim3(pairs, rank_blocks), kThreads, 0, stream>>>(a, static_cast<int>(parts));
+    const size_t project_shared = static_cast<size_t>(a.kv_lora_rank) * sizeof(float);
+    status = allow_shared(project_merged_kernel, project_shared);
     if (status != cudaSuccess) return status;
     const auto row_blocks = static_cast<unsigned>((a.v_head_dim + kProjectRows - 1) / kProjectRows);
-    combine_parts_kernel<<<dim3(pairs, row_blocks), kThreads, combine_shared, stream>>>(a, static_cast<int>(parts));
+    project_merged_kernel<<<dim3(pairs, row_blocks), kThreads, project_shared, stream>>>(a);
   }
   return cudaGetLastError();
 }

@@ -1,3 +1,5 @@
+#include <cuda_bf16.h>
+
 #include <algorithm>
 #include <cstdint>
 
@@ -213,12 +215,12 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) kda_recurrent_kernel(KdaD
 
 // A decode step of the KDA block for head blockIdx.x of sequence blockIdx.y (KdaDecodeDeviceArgs): D / 4 warps, so
 // the block holds the head's whole state and every intermediate stays in shared memory. Its first 3 D threads run
-// the conv of one q, k or v channel each (updating that channel's conv state, which no other block touches), the
-// first D the forget gate; the warps then take the token's step on their columns, and the block norms the head's
-// output.
+// the conv of one q, k or v channel each (updating that channel's conv state, which no other block touches); the
+// warps then take the head's D rows of f_b and of g_b (a row a warp at a time: lane l sums inputs l, l + 32, ...,
+// then the warp's butterfly), the token's step on their columns, and the block norms the head's output.
 template <int D>
 __global__ void __launch_bounds__(8 * D) kda_decode_kernel(KdaDecodeDeviceArgs a, DecodeStates states) {
-  __shared__ float qkv[3 * D], gates[D], attended[D], reduce[32];
+  __shared__ float qkv[3 * D], lows[2 * D], gates[D], out_gate[D], attended[D], reduce[32];
   const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, column0 = (tid / 32) * kColumnsPerWarp;
   const int64_t h = blockIdx.x, s = blockIdx.y, C = a.num_heads * D, row = s * C + h * D;
   // The state was last written by this layer's launch of the previous step, many launches back: every launch before
@@ -234,8 +236,27 @@ __global__ void __launch_bounds__(8 * D) kda_decode_kernel(KdaDecodeDeviceArgs a
     float* conv_state = states.conv[s] + part * (a.conv_kernel - 1) * C;
     conv_channel(x + s * C, 1, C, h * D + c, a.conv_kernel, weight, conv_state, &qkv[tid], 0);
   }
-  if (tid < D) {
-    gates[tid] = forget_gate(a.f[row + tid], a.a_log[h], a.dt_bias[h * D + tid], a.bounded, a.lower_bound);
+  if (tid < 2 * D) lows[tid] = tid < D ? a.f_low[s * D + tid] : a.gate_low[s * D + tid - D];
+  __syncthreads();
+
+  constexpr int kWarps = D / kColumnsPerWarp;
+  const int warp = tid / 32;
+  for (int r = warp; r < 2 * D; r += kWarps) {
+    const bool forget = r < D;
+    const int c = forget ? r : r - D;
+    const auto* weight = static_cast<const __nv_bfloat16*>(forget ? a.f_b : a.g_b) + (h * D + c) * D;
+    const float* low = lows + (forget ? 0 : D);
+    float sum = 0.0f;
+#pragma unroll
+    for (int i = lane; i < D; i += 32) sum += __bfloat162float(weight[i]) * low[i];
+    sum = warp_sum(sum);
+    if (lane == 0) {
+      if (forget) {
+        gates[c] = forget_gate(sum, a.a_log[h], a.dt_bias[h * D + c], a.bounded, a.lower_bound);
+      } else {
+        out_gate[c] = sum;
+      }
+    }
   }
   __syncthreads();
 
@@ -258,7 +279,7 @@ __global__ void __launch_bounds__(8 * D) kda_decode_kernel(KdaDecodeDeviceArgs a
   __syncthreads();  // every warp's columns of `attended` written
   const float value = tid < D ? attended[tid] : 0.0f;
   const float inv_rms = 1.0f / sqrtf(block_sum(value * value, reduce) / static_cast<float>(D) + a.eps);
-  if (tid < D) a.out[row + tid] = a.o_norm[tid] * (value * inv_rms) / (1.0f + expf(-a.gate[row + tid]));
+  if (tid < D) a.out[row + tid] = a.o_norm[tid] * (value * inv_rms) / (1.0f + expf(-out_gate[tid]));
 }
 
 }  // namespace
@@ -325,9 +346,9 @@ cudaError_t kda_decode_steps(const KdaDecodeDeviceArgs& args, float* const* conv
     part.q_in += first * width;
     part.k_in += first * width;
     part.v_in += first * width;
-    part.f += first * width;
+    part.f_low += first * args.head_dim;
     part.beta += first * args.num_heads;
-    part.gate += first * width;
+    part.gate_low += first * args.head_dim;
     part.out += first * width;
     const dim3 grid(static_cast<unsigned>(args.num_heads), static_cast<unsigned>(count));
     const int threads = 8 * static_cast<int>(args.head_dim);

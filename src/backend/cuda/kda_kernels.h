@@ -33,12 +33,14 @@ struct KdaDecodeDeviceArgs {
   int64_t num_sequences, num_heads, head_dim, conv_kernel;
   const float *q_in, *k_in, *v_in;        // [S, heads * head_dim] before the conv
   const float *q_conv, *k_conv, *v_conv;  // [heads * head_dim, conv_kernel]
-  const float* f;                         // [S, heads * head_dim] the forget gate's projection
+  const float* f_low;   // [S, head_dim] the forget gate's first projection
+  const void* f_b;      // bf16 [heads * head_dim, head_dim], its second
   const float *a_log, *dt_bias;
   bool bounded;
   float lower_bound;
   const float* beta;  // [S, heads] write-strength logits (read only)
-  const float* gate;  // [S, heads * head_dim] output-gate logits
+  const float* gate_low;  // [S, head_dim] the output gate's first projection
+  const void* g_b;        // bf16 [heads * head_dim, head_dim], its second
   const float* o_norm;
   float eps;
   float* out;  // [S, heads * head_dim]
@@ -69,8 +71,8 @@ cudaError_t kda_gate(const float* f, int64_t num_tokens, int64_t num_heads, int6
 cudaError_t kda_recurrent(const KdaDeviceArgs& args, cudaStream_t stream);
 
 // A decode step of the KDA block after its projections (Backend::kda_decode_steps) in one launch per 64 sequences:
-// a block per head and sequence holds the head's state and runs the conv, the gates, the delta rule and the gated
-// norm. conv_states[s] and states[s] are sequence s's; head_dim and conv_kernel as above, states 16-byte aligned,
+// a block per head and sequence holds the head's state and runs the conv, the gates' second projections (its head's
+// rows of f_b and g_b), the gates, the delta rule and the gated norm. conv_states[s] and states[s] are sequence s's; head_dim and conv_kernel as above, states 16-byte aligned,
 // else cudaErrorInvalidValue.
 cudaError_t kda_decode_steps(const KdaDecodeDeviceArgs& args, float* const* conv_states, float* const* states,
                              cudaStream_t stream);

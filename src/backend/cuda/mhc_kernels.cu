@@ -35,19 +35,33 @@ __device__ void site_weights_by_warp(const float* m, const float* base, const fl
     if (pre != nullptr) pre[lane] = pre_weight(m, base, scale, hc_eps, lane);
     post_out[lane] = 2.0f * logistic(m[hc + lane] * scale[1] + base[hc + lane]);
   }
+  // The loops run to the largest hc (hc is uniform across the warp), so that a sum's shuffles are in flight together
+  // rather than one after another: the Sinkhorn passes are a serial chain on the site's critical path.
   const auto row_sum = [&](float v) {
     float sum = 0.0f;
-    for (int k = 0; k < hc; ++k) sum += __shfl_sync(kAll, v, i * hc + k);
+#pragma unroll
+    for (int k = 0; k < kMaxHcMult; ++k) {
+      const float entry = __shfl_sync(kAll, v, i * hc + k);
+      if (k < hc) sum += entry;
+    }
     return sum;
   };
   const auto column_sum = [&](float v) {
     float sum = 0.0f;
-    for (int k = 0; k < hc; ++k) sum += __shfl_sync(kAll, v, k * hc + j);
+#pragma unroll
+    for (int k = 0; k < kMaxHcMult; ++k) {
+      const float entry = __shfl_sync(kAll, v, k * hc + j);
+      if (k < hc) sum += entry;
+    }
     return sum;
   };
   float v = owner ? m[2 * hc + lane] * scale[2] + base[2 * hc + lane] : 0.0f;
   float row_max = -INFINITY;
-  for (int k = 0; k < hc; ++k) row_max = fmaxf(row_max, __shfl_sync(kAll, v, i * hc + k));
+#pragma unroll
+  for (int k = 0; k < kMaxHcMult; ++k) {
+    const float entry = __shfl_sync(kAll, v, i * hc + k);
+    if (k < hc) row_max = fmaxf(row_max, entry);
+  }
   v = expf(v - row_max);
   v = v / row_sum(v) + hc_eps;
   for (int64_t iter = 0; iter < sinkhorn_iters; ++iter) {

@@ -8,23 +8,39 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// gate == nullptr: plain RMSNorm.
+// Elements of a row a thread holds at once: a pass loads them all before it sums (a decode step's row is one block's,
+// so the loads' latency is the kernel's), up to 4096 elements a pass.
+constexpr int kHeld = 16;
+
+// gate == nullptr: plain RMSNorm. A thread sums its elements i = threadIdx.x + k * blockDim.x in k order.
 __global__ void __launch_bounds__(kThreads)
     rms_norm_rows(const float* x, int64_t n, const float* weight, const float* gate, float eps, float* y) {
   __shared__ float shared[32];
   wait_for_previous_grid();
   const float* in = x + blockIdx.x * n;
   float* out = y + blockIdx.x * n;
+  const int64_t pass = kHeld * static_cast<int64_t>(blockDim.x);
   float sum_squares = 0.0f;
-  // Unrolled so that a thread's loads are in flight together (a decode step's row is one block's).
-#pragma unroll 4
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) sum_squares += in[i] * in[i];
+  for (int64_t first = threadIdx.x; first < n; first += pass) {
+    float held[kHeld];
+#pragma unroll
+    for (int k = 0; k < kHeld; ++k) {
+      const int64_t i = first + k * static_cast<int64_t>(blockDim.x);
+      held[k] = i < n ? in[i] : 0.0f;
+    }
+#pragma unroll
+    for (int k = 0; k < kHeld; ++k) sum_squares += held[k] * held[k];
+  }
   const float inv_rms = 1.0f / sqrtf(block_sum(sum_squares, shared) / static_cast<float>(n) + eps);
-#pragma unroll 4
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-    float v = (weight ? weight[i] : 1.0f) * (in[i] * inv_rms);
-    if (gate) v *= 1.0f / (1.0f + expf(-gate[blockIdx.x * n + i]));
-    out[i] = v;
+  for (int64_t first = threadIdx.x; first < n; first += pass) {
+#pragma unroll
+    for (int k = 0; k < kHeld; ++k) {
+      const int64_t i = first + k * static_cast<int64_t>(blockDim.x);
+      if (i >= n) break;
+      float v = (weight ? weight[i] : 1.0f) * (in[i] * inv_rms);
+      if (gate) v *= 1.0f / (1.0f + expf(-gate[blockIdx.x * n + i]));
+      out[i] = v;
+    }
   }
 }
 
