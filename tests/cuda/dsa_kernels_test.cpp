@@ -319,7 +319,8 @@ AttentionCall attention_call(CpuBackend& cpu, const MlaShape& shape, const Step&
                                          .out = call.expected.data()});
   call.args = SparseMlaDeviceArgs{.num_tokens = T, .num_heads = H, .qk_head_dim = qk, .v_head_dim = vd,
                                   .kv_lora_rank = rank, .scale = scale, .query = call.query.as<float>(),
-                                  .w_uk = call.weights.w_uk.as<float>(), .w_uv = call.weights.w_uv.as<float>(),
+                                  .w_uk = call.weights.w_uk.data(), .w_uv = call.weights.w_uv.data(),
+                                  .weights_bf16 = call.weights.bf16,
                                   .latents = call.latents.view, .positions = call.positions.as<int32_t>(),
                                   .counts = call.counts.as<int32_t>(), .positions_stride = selection.stride,
                                   .out = call.out.as<float>()};

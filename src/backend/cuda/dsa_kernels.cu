@@ -2,6 +2,7 @@
 #include <climits>
 #include <cmath>
 
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include "backend/cuda/block_reduce.cuh"
@@ -283,6 +284,18 @@ __global__ void __launch_bounds__(kThreads) indexer_topk_kernel(IndexerDeviceArg
 constexpr int64_t kMinSplitPositions = 64;
 // Blocks of 16 heads a split call aims for: about two per SM, so that a one-token step uses the whole GPU.
 constexpr int64_t kTargetBlocks = 256;
+// One head's W_UK or W_UV, [rows, rank] from element `first` of the per-head array, as stored: bf16 (where kv_b is,
+// exactly) or float32 (mla_weights.h).
+struct MlaMatrix {
+  const void* data;
+  bool bf16;
+  int64_t first;
+  __device__ __forceinline__ float at(int64_t i) const {
+    return bf16 ? __bfloat162float(static_cast<const __nv_bfloat16*>(data)[first + i])
+                : static_cast<const float*>(data)[first + i];
+  }
+};
+
 // Heads of one block of sparse_mla_heads_kernel: each staged latent row serves all of them.
 constexpr int kHeadsPerWarp = 2;
 constexpr int kHeadsPerBlock = kHeadsPerWarp * kWarps;
@@ -292,10 +305,10 @@ __device__ void absorb_query(const SparseMlaDeviceArgs& a, int64_t t, int64_t h,
   const int rank = static_cast<int>(a.kv_lora_rank), qk = static_cast<int>(a.qk_head_dim);
   for (int d = threadIdx.x; d < qk; d += kThreads) q_staged[d] = a.query[(t * a.num_heads + h) * qk + d];
   __syncthreads();
-  const float* w_uk = a.w_uk + h * qk * rank;
+  const MlaMatrix w_uk{a.w_uk, a.weights_bf16, h * qk * rank};
   for (int r = threadIdx.x; r < rank; r += kThreads) {
     float sum = 0.0f;
-    for (int d = 0; d < qk; ++d) sum += q_staged[d] * w_uk[d * rank + r];
+    for (int d = 0; d < qk; ++d) sum += q_staged[d] * w_uk.at(d * rank + r);
     q_latent[r] = sum;
   }
 }
@@ -305,11 +318,11 @@ __device__ void project_values(const SparseMlaDeviceArgs& a, int64_t t, int64_t 
                                int last) {
   const int rank = static_cast<int>(a.kv_lora_rank), vd = static_cast<int>(a.v_head_dim);
   const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
-  const float* w_uv = a.w_uv + h * vd * rank;
+  const MlaMatrix w_uv{a.w_uv, a.weights_bf16, h * vd * rank};
   float* out = a.out + (t * a.num_heads + h) * vd;
   for (int v = first + warp; v < last; v += kWarps) {
     float sum = 0.0f;
-    for (int r = lane; r < rank; r += 32) sum += w_uv[v * rank + r] * o_latent[r];
+    for (int r = lane; r < rank; r += 32) sum += w_uv.at(v * rank + r) * o_latent[r];
     sum = warp_sum(sum);
     if (lane == 0) out[v] = sum;
   }
@@ -333,8 +346,8 @@ __global__ void __launch_bounds__(kThreads) absorb_query_kernel(SparseMlaDeviceA
   __syncthreads();
   float sum = 0.0f;
   if (r < rank) {
-    const float* w_uk = a.w_uk + h * qk * rank;
-    for (int d = group; d < qk; d += kAbsorbGroups) sum += q[d] * w_uk[d * rank + r];
+    const MlaMatrix w_uk{a.w_uk, a.weights_bf16, h * qk * rank};
+    for (int d = group; d < qk; d += kAbsorbGroups) sum += q[d] * w_uk.at(d * rank + r);
   }
   sums[group][threadIdx.x % kAbsorbRanks] = sum;
   __syncthreads();
@@ -468,11 +481,11 @@ __global__ void __launch_bounds__(kThreads) sparse_mla_heads_kernel(SparseMlaDev
       continue;
     }
     const float* q = a.query + (t * a.num_heads + head[k]) * qk;
-    const float* w_uk = a.w_uk + head[k] * qk * kRank;
+    const MlaMatrix w_uk{a.w_uk, a.weights_bf16, head[k] * qk * kRank};
     for (int d = 0; d < qk; ++d) {
       const float qd = q[d];
 #pragma unroll
-      for (int j = 0; j < RankPerLane; ++j) q_latent[k][j] += qd * w_uk[d * kRank + lane + 32 * j];
+      for (int j = 0; j < RankPerLane; ++j) q_latent[k][j] += qd * w_uk.at(d * kRank + lane + 32 * j);
     }
   }
 
@@ -553,12 +566,12 @@ __global__ void __launch_bounds__(kThreads) sparse_mla_heads_kernel(SparseMlaDev
     float o_latent[RankPerLane];
 #pragma unroll
     for (int j = 0; j < RankPerLane; ++j) o_latent[j] = running_total[k] > 0.0f ? acc[k][j] / running_total[k] : 0.0f;
-    const float* w_uv = a.w_uv + head[k] * vd * kRank;
+    const MlaMatrix w_uv{a.w_uv, a.weights_bf16, head[k] * vd * kRank};
     float* out = a.out + (t * a.num_heads + head[k]) * vd;
     for (int v = 0; v < vd; ++v) {
       float sum = 0.0f;
 #pragma unroll
-      for (int j = 0; j < RankPerLane; ++j) sum += w_uv[v * kRank + lane + 32 * j] * o_latent[j];
+      for (int j = 0; j < RankPerLane; ++j) sum += w_uv.at(v * kRank + lane + 32 * j) * o_latent[j];
       sum = warp_sum(sum);
       if (lane == 0) out[v] = sum;
     }

@@ -88,8 +88,9 @@ struct SparseMlaDeviceArgs {
   int64_t num_tokens = 0, num_heads = 0, qk_head_dim = 0, v_head_dim = 0, kv_lora_rank = 0;
   float scale = 1.0f;              // softmax scale, qk_head_dim^-1/2 in the model
   const float* query = nullptr;    // [T, heads, qk_head_dim]
-  const float* w_uk = nullptr;     // [heads, qk_head_dim, kv_lora_rank]
-  const float* w_uv = nullptr;     // [heads, v_head_dim, kv_lora_rank]
+  const void* w_uk = nullptr;      // [heads, qk_head_dim, kv_lora_rank], float32 or bf16 (weights_bf16)
+  const void* w_uv = nullptr;      // [heads, v_head_dim, kv_lora_rank], the same
+  bool weights_bf16 = false;
   DevicePagedRows latents;         // [positions, kv_lora_rank]
   const int32_t* positions = nullptr;  // [T, positions_stride], each below latents.num_rows
   const int32_t* counts = nullptr;     // [T]

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "base/error.h"
+#include "base/numeric.h"
 
 namespace kestrel::cuda {
 
@@ -26,16 +27,24 @@ DeviceMlaWeights DeviceMlaWeights::upload(const LinearWeight& kv_b, int64_t head
       dequantize_row(kv_b, first_row + qk_head_dim + r, &w_uv[static_cast<size_t>((h * v_head_dim + r) * rank)]);
     }
   }
-  DeviceMlaWeights weights;
-  weights.w_uk = DeviceBuffer::copy_of(w_uk.data(), w_uk.size() * sizeof(float));
-  weights.w_uv = DeviceBuffer::copy_of(w_uv.data(), w_uv.size() * sizeof(float));
-  const auto to_f16 = [](const std::vector<float>& values) {
-    std::vector<__half> halves(values.size());
-    for (size_t i = 0; i < values.size(); ++i) halves[i] = __float2half_rn(values[i]);
-    return DeviceBuffer::copy_of(halves.data(), halves.size() * sizeof(__half));
+  // The values converted element by element into a device copy (convert: float -> the stored type).
+  const auto converted = [](const std::vector<float>& values, auto convert) {
+    std::vector<decltype(convert(0.0f))> stored(values.size());
+    for (size_t i = 0; i < values.size(); ++i) stored[i] = convert(values[i]);
+    return DeviceBuffer::copy_of(stored.data(), stored.size() * sizeof(stored[0]));
   };
-  weights.w_uk_f16 = to_f16(w_uk);
-  weights.w_uv_f16 = to_f16(w_uv);
+  DeviceMlaWeights weights;
+  weights.bf16 = kv_b.dtype == DType::bf16;
+  if (weights.bf16) {  // the dequantised values are bf16's, so converting back is exact
+    weights.w_uk = converted(w_uk, f32_to_bf16);
+    weights.w_uv = converted(w_uv, f32_to_bf16);
+  } else {
+    weights.w_uk = DeviceBuffer::copy_of(w_uk.data(), w_uk.size() * sizeof(float));
+    weights.w_uv = DeviceBuffer::copy_of(w_uv.data(), w_uv.size() * sizeof(float));
+  }
+  const auto to_f16 = [](float v) { return __float2half_rn(v); };
+  weights.w_uk_f16 = converted(w_uk, to_f16);
+  weights.w_uv_f16 = converted(w_uv, to_f16);
   weights.heads = heads;
   weights.qk_head_dim = qk_head_dim;
   weights.v_head_dim = v_head_dim;
