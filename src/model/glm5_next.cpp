@@ -225,7 +225,7 @@ void Glm5NextModel::kda_block(Workspace& ws, const KdaWeights& w, int64_t layer,
   float* k = ws.floats(T * C);
   float* v = ws.floats(T * C);
   for (const CallRows& call : calls) {
-    const ProfileScope part(profile_, backend_, "kda convolution and recurrence");
+    const ProfileScope part(profile_, backend_, "kda convolution");
     float* conv_state = call.sequence->kda(layer).conv.data();  // [3, K-1, C]
     const int64_t r = call.offset * C;
     backend_.causal_conv_silu(q_in + r, call.count, C, K, w.q_conv.data(), conv_state, q + r);
@@ -246,7 +246,7 @@ void Glm5NextModel::kda_block(Workspace& ws, const KdaWeights& w, int64_t layer,
 
   float* attended = ws.floats(T * C);
   for (const CallRows& call : calls) {
-    const ProfileScope part(profile_, backend_, "kda convolution and recurrence");
+    const ProfileScope part(profile_, backend_, "kda recurrence");
     const int64_t r = call.offset * C;
     const KdaArgs args{.num_tokens = call.count, .num_heads = H, .head_dim = Dh, .q = q + r, .k = k + r,
                        .v = v + r, .g = g + r, .beta = beta + call.offset * H,

@@ -38,9 +38,10 @@ TEST(CudaKdaTest, CausalConvSiluMatchesCpu) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   const int64_t kernel = 4;
   uint32_t seed = 1;
-  // 8192 channels: the model's 64 heads x 128 (each of q, k, v).
+  // 8192 channels: the model's 64 heads x 128 (each of q, k, v). Token counts: one, fewer than the history (the new
+  // state keeps old slots), one tile, and several tiles with a partial last one.
   for (const int64_t channels : {256, 8192}) {
-    for (const int64_t tokens : {1, 37}) {
+    for (const int64_t tokens : {1, 2, 16, 37, 300}) {
       const std::vector<float> x = random_values(static_cast<size_t>(tokens * channels), ++seed);
       const std::vector<float> weight =
           random_values(static_cast<size_t>(channels * kernel), ++seed, 0.5f);

@@ -228,43 +228,45 @@ void DeviceLinear::exl3_gemm_groups(std::span<const LinearJob* const> jobs, Scra
   const auto k = static_cast<size_t>(shape.in_padded), n = static_cast<size_t>(shape.out_padded);
   const size_t w_floats = aligned_floats(k * n * 2);
   const size_t per_group = std::clamp<size_t>(kExl3GemmMaxDecodedBytes / (k * n * 2), 1, kExl3GroupMax);
-  for (size_t first = 0; first < jobs.size(); first += per_group) {
-    const size_t count = std::min(per_group, jobs.size() - first);
-    // Scratch: each member's Ŵ fp16 [in_padded, out_padded], then its rotated inputs fp16 [T, in_padded] and rotated
-    // outputs [T, out_padded].
-    size_t floats = count * w_floats;
-    for (size_t i = 0; i < count; ++i) {
-      const auto T = static_cast<size_t>(jobs[first + i]->num_tokens);
-      floats += aligned_floats(T * k * 2) + aligned_floats(T * n * 4);
-    }
-    float* base = scratch.floats(floats);
-    float* cursor = base + count * w_floats;
+  // A group's products run as one batched GEMM over its members' rows padded to the group's longest (a product of
+  // one expert's ~200 rows fills a quarter of the SMs; sixteen side by side fill them): jobs sorted by rows, so that
+  // a group's members are alike and the padding small.
+  std::vector<const LinearJob*> sorted(jobs.begin(), jobs.end());
+  std::stable_sort(sorted.begin(), sorted.end(),
+                   [](const LinearJob* a, const LinearJob* b) { return a->num_tokens > b->num_tokens; });
+  constexpr size_t kRowGranule = 16;  // padded row counts, so that few distinct shapes need a cuBLASLt plan
+  for (size_t first = 0; first < sorted.size(); first += per_group) {
+    const size_t count = std::min(per_group, sorted.size() - first);
+    const size_t rows = (static_cast<size_t>(sorted[first]->num_tokens) + kRowGranule - 1) / kRowGranule * kRowGranule;
+    // Scratch: each member's Ŵ fp16 [in_padded, out_padded], rotated inputs fp16 [rows, in_padded] and rotated
+    // outputs [rows, out_padded], each kind at a fixed stride (the batch's). Padding rows are never read back.
+    const size_t x_floats = aligned_floats(rows * k * 2), y_floats = aligned_floats(rows * n * 4);
+    float* decoded = scratch.floats(count * (w_floats + x_floats + y_floats));
+    float* rotated_x = decoded + count * w_floats;
+    float* products = rotated_x + count * x_floats;
     Exl3Group group;
     group.count = static_cast<int>(count);
-    float* products[kExl3GroupMax];
     for (size_t i = 0; i < count; ++i) {
-      const LinearJob& job = *jobs[first + i];
+      const LinearJob& job = *sorted[first + i];
       const Exl3DeviceView& view = job.linear->view_;
-      const auto T = static_cast<size_t>(job.num_tokens);
-      products[i] = cursor + aligned_floats(T * k * 2);
       group.members[i] = Exl3GroupMember{.trellis = view.trellis,
                                          .suh = view.suh,
                                          .svh = view.svh,
                                          .num_tokens = job.num_tokens,
                                          .x = job.x,
-                                         .decoded = reinterpret_cast<uint16_t*>(base + i * w_floats),
-                                         .rotated_x = reinterpret_cast<uint16_t*>(cursor),
-                                         .rotated_y = products[i],
+                                         .decoded = reinterpret_cast<uint16_t*>(decoded + i * w_floats),
+                                         .rotated_x = reinterpret_cast<uint16_t*>(rotated_x + i * x_floats),
+                                         .rotated_y = products + i * y_floats,
                                          .y = job.y};
-      cursor = products[i] + aligned_floats(T * n * 4);
     }
     check(exl3_decode_rotated(shape, group, stream), "EXL3 decode launch");
     check(exl3_rotate_inputs(shape, group, stream), "EXL3 input rotation launch");
-    for (size_t i = 0; i < count; ++i) {
-      const Exl3GroupMember& member = group.members[i];
-      gemm.run(GemmInput::f16, member.rotated_x, member.num_tokens, shape.in_padded, member.decoded,
-               GemmWeights::rows_are_inputs, shape.out_padded, products[i], stream);
-    }
+    const auto to_i64 = [](size_t v) { return static_cast<int64_t>(v); };
+    gemm.run_batched(GemmInput::f16, rotated_x, to_i64(rows), to_i64(k), decoded, GemmWeights::rows_are_inputs,
+                     to_i64(n), products,
+                     GemmBatch{.count = to_i64(count), .x_ld = to_i64(k), .x_stride = to_i64(2 * x_floats),
+                               .w_stride = to_i64(2 * w_floats), .y_ld = to_i64(n), .y_stride = to_i64(y_floats)},
+                     stream);
     check(exl3_rotate_outputs(shape, group, stream), "EXL3 output rotation launch");
   }
 }

@@ -58,7 +58,8 @@ public:
                                    std::span<float* const> ys, Scratch& scratch, Gemm* gemm, cudaStream_t stream);
   // Every job as forward() runs it, but the EXL3 jobs on the GEMM path that share the first such job's shape and
   // format go through its steps together (exl3_kernels.h's groups: one launch per step for up to kExl3GroupMax
-  // matrices and 256 MiB of decoded weights, then one product each): a MoE layer's experts in a prefill chunk.
+  // matrices and 256 MiB of decoded weights, the products as one batched GEMM over rows padded to the group's
+  // longest, jobs grouped by row count): a MoE layer's experts in a prefill chunk.
   static void forward_jobs(std::span<const LinearJob> jobs, Scratch& scratch, Gemm* gemm, cudaStream_t stream);
   // The fewest tokens this matrix runs as a GEMM (INT64_MAX: never, for formats without a GEMM path and EXL3
   // matrices too large to decode into scratch).

@@ -20,11 +20,24 @@ constexpr int kWarpsPerBlock = 8;  // 32 columns per block: a 64 x 128 step is 2
 
 unsigned blocks_for(int64_t n, int threads) { return static_cast<unsigned>((n + threads - 1) / threads); }
 
-// One thread per channel walks the tokens with the last kernel-1 inputs in registers: the loops run to the maximum
-// kernel with guards, so that every array index is a compile-time constant. Token t's output goes to y[t * y_stride].
-__device__ __forceinline__ void conv_channel(const float* x, int64_t num_tokens, int64_t channels, int64_t c,
-                                             int kernel, const float* weight, float* conv_state, float* y,
-                                             int64_t y_stride) {
+// Tokens per thread of the prefill convolution: a thread walks its tile with the window in registers, and the
+// tiles of a channel run side by side (one thread per channel walking a whole prompt kept ~128 warps busy).
+constexpr int kConvTokensPerThread = 16;
+
+// Input s of channel c in the conv's time line: x's token s, or for s < 0 the conv state's slot history + s (the
+// inputs before this call).
+__device__ __forceinline__ float conv_input(const float* x, const float* conv_state, int64_t channels, int64_t c,
+                                            int history, int64_t s) {
+  return s >= 0 ? x[s * channels + c] : conv_state[(history + s) * channels + c];
+}
+
+// Channel c over tokens [first, first + count), with the window before `first` from x or the conv state: the loops
+// run to the maximum kernel with guards, so that every array index is a compile-time constant. Token t's output goes
+// to y[(t - first) * y_stride]. With update_state (the call's last tokens, and no other thread reading the state) the
+// state becomes the last kernel-1 inputs.
+__device__ __forceinline__ void conv_channel(const float* x, int64_t first, int64_t count, int64_t channels,
+                                             int64_t c, int kernel, const float* weight, float* conv_state, float* y,
+                                             int64_t y_stride, bool update_state) {
   const int history = kernel - 1;
   const float* w = weight + c * kernel;
   float w_history[kMaxConvKernel - 1];
@@ -32,10 +45,10 @@ __device__ __forceinline__ void conv_channel(const float* x, int64_t num_tokens,
 #pragma unroll
   for (int j = 0; j < kMaxConvKernel - 1; ++j) {
     w_history[j] = j < history ? w[j] : 0.0f;
-    window[j] = j < history ? conv_state[j * channels + c] : 0.0f;
+    window[j] = j < history ? conv_input(x, conv_state, channels, c, history, first - history + j) : 0.0f;
   }
   const float w_current = w[history];
-  for (int64_t t = 0; t < num_tokens; ++t) {
+  for (int64_t t = first; t < first + count; ++t) {
     const float xt = x[t * channels + c];
     float sum = 0.0f;
 #pragma unroll
@@ -43,7 +56,7 @@ __device__ __forceinline__ void conv_channel(const float* x, int64_t num_tokens,
       if (j < history) sum += w_history[j] * window[j];
     }
     sum += w_current * xt;
-    y[t * y_stride] = sum / (1.0f + expf(-sum));
+    y[(t - first) * y_stride] = sum / (1.0f + expf(-sum));
 #pragma unroll
     for (int j = 0; j < kMaxConvKernel - 1; ++j) {
       if (j + 1 < history) {
@@ -53,17 +66,42 @@ __device__ __forceinline__ void conv_channel(const float* x, int64_t num_tokens,
       }
     }
   }
+  if (!update_state) return;
 #pragma unroll
   for (int j = 0; j < kMaxConvKernel - 1; ++j) {
     if (j < history) conv_state[j * channels + c] = window[j];
   }
 }
 
+// Grid (channel blocks, token tiles of `tile` tokens): thread (c, tile) convolves its tile; a call of one tile
+// updates the state too.
 __global__ void __launch_bounds__(kElementwiseThreads)
     causal_conv_silu_kernel(const float* x, int64_t num_tokens, int64_t channels, int kernel, const float* weight,
-                            float* conv_state, float* y) {
+                            int64_t tile, float* conv_state, float* y) {
   const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (c < channels) conv_channel(x, num_tokens, channels, c, kernel, weight, conv_state, y + c, channels);
+  const int64_t first = static_cast<int64_t>(blockIdx.y) * tile;
+  if (c >= channels) return;
+  const int64_t count = min(tile, num_tokens - first);
+  conv_channel(x, first, count, channels, c, kernel, weight, conv_state, y + first * channels + c, channels,
+               gridDim.y == 1);
+}
+
+// After a call of several tiles (whose first read the old state): the state becomes the last kernel-1 inputs, which
+// for a call shorter than the history still include old state slots (all read before any is written).
+__global__ void __launch_bounds__(kElementwiseThreads)
+    conv_state_update_kernel(const float* x, int64_t num_tokens, int64_t channels, int kernel, float* conv_state) {
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= channels) return;
+  const int history = kernel - 1;
+  float last[kMaxConvKernel - 1];
+#pragma unroll
+  for (int j = 0; j < kMaxConvKernel - 1; ++j) {
+    last[j] = j < history ? conv_input(x, conv_state, channels, c, history, num_tokens - history + j) : 0.0f;
+  }
+#pragma unroll
+  for (int j = 0; j < kMaxConvKernel - 1; ++j) {
+    if (j < history) conv_state[j * channels + c] = last[j];
+  }
 }
 
 // The forget gate of one channel whose log-rate is a_log and bias dt_bias (kda_gate).
@@ -143,11 +181,11 @@ __device__ __forceinline__ void store_columns(const StateColumns<D>& c, float* s
   }
 }
 
-// One token of the delta rule on the warp's columns; out[j] is column column0 + j of the token's output, summed over
-// the warp (every lane holds it). S^T k and S^T q are warp reductions over the key rows, so warps never meet.
+// Token inputs normalised as the delta rule takes them: q / |q| * D^-1/2, k / |k| (eps 1e-6 under the roots), and
+// the decay exp(g), for the lane's key rows (the norms are warp reductions over them).
 template <int D>
-__device__ __forceinline__ void delta_rule_token(const TokenInputs<D>& in, StateColumns<D>& state,
-                                                 float (&out)[kColumnsPerWarp]) {
+__device__ __forceinline__ void normalise_token(const TokenInputs<D>& in, float (&q)[rows_per_lane<D>()],
+                                                float (&k)[rows_per_lane<D>()], float (&decay)[rows_per_lane<D>()]) {
   constexpr int kRows = rows_per_lane<D>();
   const float scale = 1.0f / sqrtf(static_cast<float>(D));
   float qq = 0.0f, kk = 0.0f;
@@ -157,60 +195,148 @@ __device__ __forceinline__ void delta_rule_token(const TokenInputs<D>& in, State
     kk += in.k[i] * in.k[i];
   }
   const float q_norm = sqrtf(warp_sum(qq) + 1e-6f), k_norm = sqrtf(warp_sum(kk) + 1e-6f);
-  float q[kRows], k[kRows];
 #pragma unroll
   for (int i = 0; i < kRows; ++i) {
     q[i] = in.q[i] / q_norm * scale;
     k[i] = in.k[i] / k_norm;
+    decay[i] = expf(in.g[i]);
   }
+}
+
+// Sums of the warp's 4 column values v[0..3] over its 32 lanes, as a reduce-scatter: two exchange levels leave lane
+// l holding a partial sum of column l / 8 only, three more complete it (11 shuffles and adds against 20 for four
+// butterflies). Returns column (lane / 8)'s sum.
+__device__ __forceinline__ float column_sums_scattered(const float (&v)[kColumnsPerWarp], int lane) {
+  static_assert(kColumnsPerWarp == 4, "the reduce-scatter splits the warp's lanes in four");
+  constexpr unsigned kAll = 0xFFFFFFFFu;
+  const bool upper = (lane & 16) != 0, odd = (lane & 8) != 0;
+  // Level 1: the lower half keeps columns 0 and 1, the upper half 2 and 3.
+  const float keep0 = (upper ? v[2] : v[0]) + __shfl_xor_sync(kAll, upper ? v[0] : v[2], 16);
+  const float keep1 = (upper ? v[3] : v[1]) + __shfl_xor_sync(kAll, upper ? v[1] : v[3], 16);
+  // Level 2: lanes with bit 3 set keep the odd column.
+  float sum = (odd ? keep1 : keep0) + __shfl_xor_sync(kAll, odd ? keep0 : keep1, 8);
+  sum += __shfl_xor_sync(kAll, sum, 4);
+  sum += __shfl_xor_sync(kAll, sum, 2);
+  sum += __shfl_xor_sync(kAll, sum, 1);
+  return sum;
+}
+
+// One token of the delta rule on the warp's columns from normalised inputs. S^T k and S^T q are warp reductions over
+// the key rows, so warps never meet; lanes 8c .. 8c + 7 end holding column column0 + c of the token's output (the
+// return value).
+template <int D>
+__device__ __forceinline__ float delta_rule_normalised(const float (&q)[rows_per_lane<D>()],
+                                                       const float (&k)[rows_per_lane<D>()],
+                                                       const float (&decay)[rows_per_lane<D>()],
+                                                       const float (&v)[kColumnsPerWarp], float beta,
+                                                       StateColumns<D>& state) {
+  constexpr int kRows = rows_per_lane<D>();
+  constexpr unsigned kAll = 0xFFFFFFFFu;
+  const int lane = static_cast<int>(threadIdx.x & 31u), column = lane / 8;
   float memory[kColumnsPerWarp] = {};
 #pragma unroll
   for (int i = 0; i < kRows; ++i) {
-    const float decay = expf(in.g[i]);
 #pragma unroll
     for (int j = 0; j < kColumnsPerWarp; ++j) {
-      state.S[i][j] *= decay;
+      state.S[i][j] *= decay[i];
       memory[j] += state.S[i][j] * k[i];
     }
   }
+  const float own_v = column == 0 ? v[0] : column == 1 ? v[1] : column == 2 ? v[2] : v[3];
+  const float own_delta = (own_v - column_sums_scattered(memory, lane)) * beta;
+  float out[kColumnsPerWarp] = {};
 #pragma unroll
   for (int j = 0; j < kColumnsPerWarp; ++j) {
-    out[j] = 0.0f;
-    const float delta = (in.v[j] - warp_sum(memory[j])) * in.beta;
+    const float delta = __shfl_sync(kAll, own_delta, 8 * j);
 #pragma unroll
     for (int i = 0; i < kRows; ++i) {
       state.S[i][j] += k[i] * delta;
       out[j] += state.S[i][j] * q[i];
     }
   }
-#pragma unroll
-  for (int j = 0; j < kColumnsPerWarp; ++j) out[j] = warp_sum(out[j]);
+  return column_sums_scattered(out, lane);
 }
 
-// Head blockIdx.x; each warp owns value columns [column0, column0 + 4) and every key row, in registers for the
-// whole call; the next token's inputs are loaded while the current one is computed.
 template <int D>
-__global__ void __launch_bounds__(32 * kWarpsPerBlock) kda_recurrent_kernel(KdaDeviceArgs a) {
-  const int lane = static_cast<int>(threadIdx.x & 31u);
+__device__ __forceinline__ float delta_rule_token(const TokenInputs<D>& in, StateColumns<D>& state) {
+  constexpr int kRows = rows_per_lane<D>();
+  float q[kRows], k[kRows], decay[kRows];
+  normalise_token<D>(in, q, k, decay);
+  return delta_rule_normalised<D>(q, k, decay, in.v, in.beta, state);
+}
+
+// Tokens a block normalises together before stepping through them: every warp of a block works on the same head,
+// so the norms of q and k and exp(g) are computed once per block and token (by one warp) rather than by each of
+// its 8 warps, which left the recurrence bound on issuing those instructions.
+constexpr int kRecurrentChunk = 32;
+
+// A chunk's normalised inputs as the block shares them: q, k and the decay per token and key row, v of the block's
+// 32 columns, beta.
+template <int D>
+struct RecurrentChunk {
+  float q[kRecurrentChunk][D], k[kRecurrentChunk][D], decay[kRecurrentChunk][D];
+  float v[kRecurrentChunk][kColumnsPerWarp * kWarpsPerBlock], beta[kRecurrentChunk];
+};
+
+// Head blockIdx.x; each warp owns value columns [column0, column0 + 4) and every key row, in registers for the
+// whole call. Chunk by chunk, warp w normalises tokens w, w + 8, ... into shared memory, then every warp steps
+// through the chunk's tokens on its columns.
+template <int D>
+__global__ void __launch_bounds__(32 * kWarpsPerBlock, 2) kda_recurrent_kernel(KdaDeviceArgs a) {
+  constexpr int kRows = rows_per_lane<D>(), kBlockColumns = kColumnsPerWarp * kWarpsPerBlock;
+  extern __shared__ __align__(16) unsigned char chunk_bytes[];
+  auto& chunk = *reinterpret_cast<RecurrentChunk<D>*>(chunk_bytes);
+  const int lane = static_cast<int>(threadIdx.x & 31u), warp = static_cast<int>(threadIdx.x / 32);
   const int64_t h = blockIdx.x;
-  const int column0 = (static_cast<int>(blockIdx.y) * kWarpsPerBlock + static_cast<int>(threadIdx.x / 32)) *
-                      kColumnsPerWarp;
-  if (column0 >= D) return;  // a head narrower than the block's columns: whole warps idle
+  const int block_column0 = static_cast<int>(blockIdx.y) * kBlockColumns, column0 = block_column0 + warp * kColumnsPerWarp;
+  const bool owns_columns = column0 < D;  // a head narrower than the block's columns: whole warps idle
   float* state = a.state + h * D * D;  // S[c * D + v]
-  StateColumns<D> columns = load_columns<D>(state, column0, lane);
-  TokenInputs<D> next = load_token<D>(a, 0, h, column0, lane);
-  for (int64_t t = 0; t < a.num_tokens; ++t) {
-    const TokenInputs<D> in = next;
-    if (t + 1 < a.num_tokens) next = load_token<D>(a, t + 1, h, column0, lane);
-    float out[kColumnsPerWarp];
-    delta_rule_token<D>(in, columns, out);
-    float* o = a.out + (t * a.num_heads + h) * D + column0;
+  StateColumns<D> columns{};
+  if (owns_columns) columns = load_columns<D>(state, column0, lane);
+  for (int64_t c0 = 0; c0 < a.num_tokens; c0 += kRecurrentChunk) {
+    const int count = static_cast<int>(min(static_cast<int64_t>(kRecurrentChunk), a.num_tokens - c0));
+    for (int j = warp; j < count; j += kWarpsPerBlock) {
+      const int64_t t = c0 + j, row = (t * a.num_heads + h) * D;
+      TokenInputs<D> in{};
 #pragma unroll
-    for (int j = 0; j < kColumnsPerWarp; ++j) {
-      if (lane == j) o[j] = out[j];
+      for (int i = 0; i < kRows; ++i) {
+        const bool held = lane + 32 * i < D;
+        in.q[i] = held ? a.q[row + lane + 32 * i] : 0.0f;
+        in.k[i] = held ? a.k[row + lane + 32 * i] : 0.0f;
+        in.g[i] = held ? a.g[row + lane + 32 * i] : 0.0f;
+      }
+      float q[kRows], k[kRows], decay[kRows];
+      normalise_token<D>(in, q, k, decay);
+#pragma unroll
+      for (int i = 0; i < kRows; ++i) {
+        if (lane + 32 * i >= D) continue;
+        chunk.q[j][lane + 32 * i] = q[i];
+        chunk.k[j][lane + 32 * i] = k[i];
+        chunk.decay[j][lane + 32 * i] = decay[i];
+      }
+      if (block_column0 + lane < D) chunk.v[j][lane] = a.v[row + block_column0 + lane];
+      if (lane == 0) chunk.beta[j] = a.beta[t * a.num_heads + h];
     }
+    __syncthreads();
+    if (owns_columns) {
+      for (int j = 0; j < count; ++j) {
+        float q[kRows], k[kRows], decay[kRows], v[kColumnsPerWarp];
+#pragma unroll
+        for (int i = 0; i < kRows; ++i) {
+          const bool held = lane + 32 * i < D;
+          q[i] = held ? chunk.q[j][lane + 32 * i] : 0.0f;
+          k[i] = held ? chunk.k[j][lane + 32 * i] : 0.0f;
+          decay[i] = held ? chunk.decay[j][lane + 32 * i] : 1.0f;
+        }
+#pragma unroll
+        for (int c = 0; c < kColumnsPerWarp; ++c) v[c] = chunk.v[j][warp * kColumnsPerWarp + c];
+        const float out = delta_rule_normalised<D>(q, k, decay, v, chunk.beta[j], columns);
+        if (lane % 8 == 0) a.out[((c0 + j) * a.num_heads + h) * D + column0 + lane / 8] = out;
+      }
+    }
+    __syncthreads();  // the chunk read by every warp before the next one is written
   }
-  store_columns<D>(columns, state, column0, lane);
+  if (owns_columns) store_columns<D>(columns, state, column0, lane);
 }
 
 // A decode step of the KDA block for head blockIdx.x of sequence blockIdx.y (KdaDecodeDeviceArgs): D / 4 warps, so
@@ -234,7 +360,7 @@ __global__ void __launch_bounds__(8 * D) kda_decode_kernel(KdaDecodeDeviceArgs a
     const float* x = part == 0 ? a.q_in : part == 1 ? a.k_in : a.v_in;
     const float* weight = part == 0 ? a.q_conv : part == 1 ? a.k_conv : a.v_conv;
     float* conv_state = states.conv[s] + part * (a.conv_kernel - 1) * C;
-    conv_channel(x + s * C, 1, C, h * D + c, a.conv_kernel, weight, conv_state, &qkv[tid], 0);
+    conv_channel(x + s * C, 0, 1, C, h * D + c, a.conv_kernel, weight, conv_state, &qkv[tid], 0, true);
   }
   if (tid < 2 * D) lows[tid] = tid < D ? a.f_low[s * D + tid] : a.gate_low[s * D + tid - D];
   __syncthreads();
@@ -271,9 +397,8 @@ __global__ void __launch_bounds__(8 * D) kda_decode_kernel(KdaDecodeDeviceArgs a
 #pragma unroll
   for (int j = 0; j < kColumnsPerWarp; ++j) in.v[j] = qkv[2 * D + column0 + j];
   in.beta = 1.0f / (1.0f + expf(-a.beta[s * a.num_heads + h]));
-  float out[kColumnsPerWarp];
-  delta_rule_token<D>(in, columns, out);
-  if (lane < kColumnsPerWarp) attended[column0 + lane] = out[lane];
+  const float out = delta_rule_token<D>(in, columns);
+  if (lane % 8 == 0) attended[column0 + lane / 8] = out;
   store_columns<D>(columns, state, column0, lane);
 
   __syncthreads();  // every warp's columns of `attended` written
@@ -288,8 +413,16 @@ cudaError_t causal_conv_silu(const float* x, int64_t num_tokens, int64_t channel
                              const float* weight, float* conv_state, float* y, cudaStream_t stream) {
   if (kernel < 1 || kernel > kMaxConvKernel) return cudaErrorInvalidValue;
   if (num_tokens == 0 || channels == 0) return cudaSuccess;
-  causal_conv_silu_kernel<<<blocks_for(channels, kElementwiseThreads), kElementwiseThreads, 0, stream>>>(
-      x, num_tokens, channels, static_cast<int>(kernel), weight, conv_state, y);
+  constexpr int64_t kMaxTiles = 65535;  // the grid's y limit: longer calls take longer tiles
+  const int64_t tile = std::max<int64_t>(kConvTokensPerThread, (num_tokens + kMaxTiles - 1) / kMaxTiles);
+  const auto tiles = static_cast<unsigned>((num_tokens + tile - 1) / tile);
+  const dim3 grid(blocks_for(channels, kElementwiseThreads), tiles);
+  causal_conv_silu_kernel<<<grid, kElementwiseThreads, 0, stream>>>(x, num_tokens, channels, static_cast<int>(kernel),
+                                                                     weight, tile, conv_state, y);
+  if (tiles > 1) {
+    conv_state_update_kernel<<<blocks_for(channels, kElementwiseThreads), kElementwiseThreads, 0, stream>>>(
+        x, num_tokens, channels, static_cast<int>(kernel), conv_state);
+  }
   return cudaGetLastError();
 }
 
@@ -316,13 +449,19 @@ cudaError_t kda_recurrent(const KdaDeviceArgs& args, cudaStream_t stream) {
   constexpr int64_t kBlockColumns = kColumnsPerWarp * kWarpsPerBlock;
   const dim3 grid(static_cast<unsigned>(args.num_heads),
                   static_cast<unsigned>((args.head_dim + kBlockColumns - 1) / kBlockColumns));
+  const auto launch = [&](auto kernel, size_t shared) {
+    const cudaError_t status =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared));
+    if (status != cudaSuccess) return status;
+    kernel<<<grid, 32 * kWarpsPerBlock, shared, stream>>>(args);
+    return cudaGetLastError();
+  };
   switch (args.head_dim) {
-    case 16: kda_recurrent_kernel<16><<<grid, 32 * kWarpsPerBlock, 0, stream>>>(args); break;
-    case 32: kda_recurrent_kernel<32><<<grid, 32 * kWarpsPerBlock, 0, stream>>>(args); break;
-    case 64: kda_recurrent_kernel<64><<<grid, 32 * kWarpsPerBlock, 0, stream>>>(args); break;
-    default: kda_recurrent_kernel<128><<<grid, 32 * kWarpsPerBlock, 0, stream>>>(args); break;
+    case 16: return launch(kda_recurrent_kernel<16>, sizeof(RecurrentChunk<16>));
+    case 32: return launch(kda_recurrent_kernel<32>, sizeof(RecurrentChunk<32>));
+    case 64: return launch(kda_recurrent_kernel<64>, sizeof(RecurrentChunk<64>));
+    default: return launch(kda_recurrent_kernel<128>, sizeof(RecurrentChunk<128>));
   }
-  return cudaGetLastError();
 }
 
 cudaError_t kda_decode_steps(const KdaDecodeDeviceArgs& args, float* const* conv_states, float* const* states,
