@@ -151,8 +151,8 @@ TEST(CudaLinearTest, Exl3GemmPathMatchesCpuForEveryCodebookAndBitrate) {
             kExl3Tolerance);
 }
 
-// DeviceLinear::forward_jobs: 20 EXL3 matrices of one format at GEMM-sized token counts (two groups: 16 and 4, each
-// row count its own), two at GEMV-sized counts, one of another bitrate and an empty job among them; every output
+// DeviceLinear::forward_jobs: 20 EXL3 matrices of one format at GEMM-sized token counts (48 to 347 rows: two groups
+// of 16 and 4, each padded to its longest), two at GEMV-sized counts, one of another bitrate and an empty job among them; every output
 // matches the CPU, as each matrix alone would.
 TEST(CudaLinearTest, Exl3JobsMatchCpuGroupedOrNot) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
@@ -212,8 +212,8 @@ TEST(CudaLinearTest, Bf16GemmPathMatchesCpu) {
 }
 
 // Matrices sharing an input: the bf16 ones on the GEMV go through one grouped launch (rows of several sizes, one not
-// a multiple of the 128-row block, k split at in = 4096), the others (f32, and bf16 at the GEMM's token counts) one
-// forward each; every output matches the CPU. One scratch serves every call, as in the backend: the split counters
+// a multiple of the 128-row block, k split at in = 4096), the bf16 ones at the GEMM's token counts share one split of
+// x into bf16 terms (after the f32 one, whose forward uses the same scratch); every output matches the CPU. One scratch serves every call, as in the backend: the split counters
 // each call re-arms are the next call's.
 TEST(CudaLinearTest, MatricesSharingAnInputMatchCpuGroupedOrNot) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";

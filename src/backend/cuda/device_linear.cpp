@@ -153,15 +153,22 @@ void DeviceLinear::forward_shared_input(std::span<const DeviceLinear* const> lin
   const bool gemm_usable = gemm != nullptr && gemm->available();
   const int64_t in_features = linears.empty() ? 0 : linears.front()->in_features_;
   std::vector<size_t> grouped;  // the bf16 matrices on the GEMV at this count
+  std::vector<size_t> split_once;  // the bf16 matrices on the GEMM at this count: x is split into bf16 terms once
   for (size_t i = 0; i < linears.size(); ++i) {
     const DeviceLinear& linear = *linears[i];
     const bool gemv = !(gemm_usable && num_tokens >= linear.gemm_min_tokens());
-    if (gemv && !linear.exl3_ && linear.dense_type_ == DenseWeightType::bf16 && linear.in_features_ == in_features &&
-        grouped.size() < kMaxDenseGroup) {
+    const bool bf16 = !linear.exl3_ && linear.dense_type_ == DenseWeightType::bf16 && linear.in_features_ == in_features;
+    if (gemv && bf16 && grouped.size() < kMaxDenseGroup) {
       grouped.push_back(i);
+    } else if (!gemv && bf16) {
+      split_once.push_back(i);
     } else {
       linear.forward(x, num_tokens, ys[i], scratch, gemm, stream);
     }
+  }
+  if (!split_once.empty()) {  // after the others, which may use the scratch the terms live in
+    const auto [high, low] = split_into(x, num_tokens, in_features, scratch, stream);
+    for (const size_t i : split_once) linears[i]->bf16_gemm_terms(high, low, num_tokens, ys[i], *gemm, stream);
   }
   if (grouped.size() < 2 || !bf16_group_supported(in_features, x)) {
     for (const size_t i : grouped) linears[i]->forward(x, num_tokens, ys[i], scratch, gemm, stream);
@@ -190,17 +197,26 @@ void DeviceLinear::forward_as_gemm(const float* x, int64_t num_tokens, float* y,
     const LinearJob* const jobs[] = {&job};
     exl3_gemm_groups(jobs, scratch, gemm, stream);
   } else {
-    // x = high + low in bf16: two products into y, the weights read twice (the tensor-core GEMV splits x the same
-    // way), so that the result matches float32 activations to within the float32 sum's rounding.
-    const size_t plane = aligned_floats(static_cast<size_t>(num_tokens * in_features_) * 2);
-    auto* high = reinterpret_cast<uint16_t*>(scratch.floats(2 * plane));
-    auto* low = reinterpret_cast<uint16_t*>(reinterpret_cast<float*>(high) + plane);
-    check(split_bf16(x, num_tokens * in_features_, high, low, stream), "bf16 split launch");
-    gemm.run(GemmInput::bf16, high, num_tokens, in_features_, data_.data(), GemmWeights::rows_are_outputs,
-             out_features_, y, stream);
-    gemm.run(GemmInput::bf16, low, num_tokens, in_features_, data_.data(), GemmWeights::rows_are_outputs,
-             out_features_, y, stream, /*accumulate=*/true);
+    const auto [high, low] = split_into(x, num_tokens, in_features_, scratch, stream);
+    bf16_gemm_terms(high, low, num_tokens, y, gemm, stream);
   }
+}
+
+std::pair<const uint16_t*, const uint16_t*> DeviceLinear::split_into(const float* x, int64_t num_tokens, int64_t k,
+                                                                     Scratch& scratch, cudaStream_t stream) {
+  const size_t plane = aligned_floats(static_cast<size_t>(num_tokens * k) * 2);
+  auto* high = reinterpret_cast<uint16_t*>(scratch.floats(2 * plane));
+  auto* low = reinterpret_cast<uint16_t*>(reinterpret_cast<float*>(high) + plane);
+  check(split_bf16(x, num_tokens * k, high, low, stream), "bf16 split launch");
+  return {high, low};
+}
+
+void DeviceLinear::bf16_gemm_terms(const uint16_t* high, const uint16_t* low, int64_t num_tokens, float* y,
+                                   Gemm& gemm, cudaStream_t stream) const {
+  gemm.run(GemmInput::bf16, high, num_tokens, in_features_, data_.data(), GemmWeights::rows_are_outputs,
+           out_features_, y, stream);
+  gemm.run(GemmInput::bf16, low, num_tokens, in_features_, data_.data(), GemmWeights::rows_are_outputs,
+           out_features_, y, stream, /*accumulate=*/true);
 }
 
 void DeviceLinear::forward_jobs(std::span<const LinearJob> jobs, Scratch& scratch, Gemm* gemm, cudaStream_t stream) {

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <utility>
 
 #include "backend/cuda/device_runtime.h"
 #include "backend/cuda/dense_kernels.h"
@@ -87,6 +88,13 @@ public:
   DenseWeightType dense_type() const { return dense_type_; }
 
 private:
+  // x [T, k] float32 as the sum of two bf16 planes in scratch (high, then low), for the bf16 GEMMs.
+  static std::pair<const uint16_t*, const uint16_t*> split_into(const float* x, int64_t num_tokens, int64_t k,
+                                                                Scratch& scratch, cudaStream_t stream);
+  // y = (high + low) W^T as two products into y: the weights read twice, so that the result matches float32
+  // activations to within the float32 sum's rounding (the tensor-core GEMV splits x the same way).
+  void bf16_gemm_terms(const uint16_t* high, const uint16_t* low, int64_t num_tokens, float* y, Gemm& gemm,
+                       cudaStream_t stream) const;
   // The EXL3 large-batch steps for jobs of one shape and format, in groups.
   static void exl3_gemm_groups(std::span<const LinearJob* const> jobs, Scratch& scratch, Gemm& gemm,
                                cudaStream_t stream);
