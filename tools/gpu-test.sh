@@ -2,7 +2,7 @@
 # GPU test run, on a machine with an NVIDIA GPU: the CUDA test suite, the same suite under compute-sanitizer memcheck,
 # the CUDA linear benchmark, the embedded model decoding, a GPU memory leak check over 1,000 served requests, and the
 # whole forward at GLM-5.3-Flash's dimensions (4 layers: decode at 1k and 128k context, prefill of 2k, 8k and 32k
-# tokens), then a summary. The figures in
+# tokens, and what launching costs a one-stream decode step), then a summary. The figures in
 # docs/benchmarks/cuda_linear.md and cuda_forward.md come from it.
 #
 #   usage: tools/gpu-test.sh [build-dir] [--quick]     (default build dir: build; --quick: tests and memcheck only)
@@ -22,10 +22,12 @@ for arg in "$@"; do
   esac
 done
 tests="$dir/tests/kestrel_cuda_tests" bench="$dir/kestrel_cuda_bench" kestrel="$dir/kestrel"
+step_bench="$dir/kestrel_cuda_decode_step_bench"
 [ -x "$tests" ] || tests="$dir/kestrel_cuda_tests"  # a flat folder of carried binaries
-if [ ! -x "$tests" ] || [ ! -x "$bench" ] || [ ! -x "$kestrel" ]; then
-  scripts/build.sh release kestrel kestrel_cuda_tests kestrel_cuda_bench || exit 1
+if [ ! -x "$tests" ] || [ ! -x "$bench" ] || [ ! -x "$kestrel" ] || [ ! -x "$step_bench" ]; then
+  scripts/build.sh release kestrel kestrel_cuda_tests kestrel_cuda_bench kestrel_cuda_decode_step_bench || exit 1
   tests=build/tests/kestrel_cuda_tests bench=build/kestrel_cuda_bench kestrel=build/kestrel
+  step_bench=build/kestrel_cuda_decode_step_bench
 fi
 export KESTREL_TEST_DATA="${KESTREL_TEST_DATA:-$PWD/tests/data}"  # the golden fixtures, wherever the binary was built
 sanitizer="$(command -v compute-sanitizer || echo "${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer")"
@@ -67,6 +69,7 @@ synthetic="${KESTREL_SYNTHETIC:-/dev/shm/kestrel_synthetic}"
 "$kestrel" bench --device cuda --model "$synthetic" --contexts 131072 --sequences 1 --steps 32; long_rc=$?
 "$kestrel" bench --device cuda --model "$synthetic" --prefill-lengths 2048,8192,32768 --prefill-chunk 8192 \
   --contexts 1024 --sequences 1 --steps 4 --profile; prefill_rc=$?
+"$step_bench" "$synthetic" 64; step_rc=$?
 
 echo "== summary =="
 echo "tests:          $(verdict $tests_rc)"
@@ -77,4 +80,5 @@ echo "leak check:     $(verdict $leak_rc)"
 echo "forward 1k:     $(verdict $forward_rc)"
 echo "forward 128k:   $(verdict $long_rc)"
 echo "prefill:        $(verdict $prefill_rc)"
-for rc in $tests_rc $memcheck_rc $bench_rc $run_rc $leak_rc $forward_rc $long_rc $prefill_rc; do [ "$rc" -eq 0 ] || exit 1; done
+echo "step launches:  $(verdict $step_rc)"
+for rc in $tests_rc $memcheck_rc $bench_rc $run_rc $leak_rc $forward_rc $long_rc $prefill_rc $step_rc; do [ "$rc" -eq 0 ] || exit 1; done
