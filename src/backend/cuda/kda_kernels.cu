@@ -135,10 +135,10 @@ struct TokenInputs {
   float q[rows_per_lane<D>()], k[rows_per_lane<D>()], g[rows_per_lane<D>()], v[kColumnsPerWarp], beta;
 };
 
+// Token t's q, k and g of the lane's key rows (v and beta left zero: the caller takes them per column).
 template <int D>
-__device__ __forceinline__ TokenInputs<D> load_token(const KdaDeviceArgs& a, int64_t t, int64_t h, int column0,
-                                                     int lane) {
-  TokenInputs<D> in;
+__device__ __forceinline__ TokenInputs<D> load_key_rows(const KdaDeviceArgs& a, int64_t t, int64_t h, int lane) {
+  TokenInputs<D> in{};
   const int64_t row = (t * a.num_heads + h) * D;
 #pragma unroll
   for (int i = 0; i < rows_per_lane<D>(); ++i) {
@@ -147,9 +147,6 @@ __device__ __forceinline__ TokenInputs<D> load_token(const KdaDeviceArgs& a, int
     in.k[i] = held ? a.k[row + lane + 32 * i] : 0.0f;
     in.g[i] = held ? a.g[row + lane + 32 * i] : 0.0f;
   }
-#pragma unroll
-  for (int j = 0; j < kColumnsPerWarp; ++j) in.v[j] = a.v[row + column0 + j];
-  in.beta = a.beta[t * a.num_heads + h];
   return in;
 }
 
@@ -297,16 +294,8 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock, 2) kda_recurrent_kernel(K
     const int count = static_cast<int>(min(static_cast<int64_t>(kRecurrentChunk), a.num_tokens - c0));
     for (int j = warp; j < count; j += kWarpsPerBlock) {
       const int64_t t = c0 + j, row = (t * a.num_heads + h) * D;
-      TokenInputs<D> in{};
-#pragma unroll
-      for (int i = 0; i < kRows; ++i) {
-        const bool held = lane + 32 * i < D;
-        in.q[i] = held ? a.q[row + lane + 32 * i] : 0.0f;
-        in.k[i] = held ? a.k[row + lane + 32 * i] : 0.0f;
-        in.g[i] = held ? a.g[row + lane + 32 * i] : 0.0f;
-      }
       float q[kRows], k[kRows], decay[kRows];
-      normalise_token<D>(in, q, k, decay);
+      normalise_token<D>(load_key_rows<D>(a, t, h, lane), q, k, decay);
 #pragma unroll
       for (int i = 0; i < kRows; ++i) {
         if (lane + 32 * i >= D) continue;
