@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <random>
 #include <vector>
 
@@ -151,8 +152,8 @@ TEST(CudaLinearTest, Exl3GemmPathMatchesCpuForEveryCodebookAndBitrate) {
             kExl3Tolerance);
 }
 
-// DeviceLinear::forward_jobs: 20 EXL3 matrices of one format at GEMM-sized token counts (48 to 347 rows: two groups
-// of 16 and 4, each padded to its longest), two at GEMV-sized counts, one of another bitrate and an empty job among them; every output
+// DeviceLinear::forward_jobs: 20 EXL3 matrices of one format at GEMM-sized token counts (48 to 347 rows, 4,210 in all:
+// groups of 11 and 9, each padded to its longest), two at GEMV-sized counts, one of another bitrate and an empty job among them; every output
 // matches the CPU, as each matrix alone would.
 TEST(CudaLinearTest, Exl3JobsMatchCpuGroupedOrNot) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
@@ -187,6 +188,36 @@ TEST(CudaLinearTest, Exl3JobsMatchCpuGroupedOrNot) {
     y_dev[i].download(got.data(), got.size() * sizeof(float));
     EXPECT_LT(relative_difference(got, cpu_linear(matrices[i].weight(), xs[i], tokens[i])), kExl3Tolerance)
         << "job " << i << " tokens " << tokens[i];
+  }
+}
+
+// How forward_jobs groups a MoE layer's EXL3 GEMM jobs (host logic, no GPU needed): alike rows make full groups; a
+// router that sends most tokens to one expert must not have 15 small experts padded to its rows (16x the scratch),
+// so no group's padded rows exceed the list's rows (what the memory plan's profile pass reserved).
+TEST(CudaLinearTest, Exl3GroupsKeepTheirPaddedRowsWithinTheListsRows) {
+  const std::vector<int64_t> alike(20, 100);
+  EXPECT_EQ(exl3_group_counts(alike, 16), (std::vector<size_t>{16, 4}));
+  std::vector<int64_t> skewed = {4096};
+  skewed.insert(skewed.end(), 15, 64);  // 5,056 rows: the busiest expert's group holds it alone
+  EXPECT_EQ(exl3_group_counts(skewed, 16), (std::vector<size_t>{1, 15}));
+  EXPECT_EQ(exl3_group_counts(std::vector<int64_t>{50}, 16), (std::vector<size_t>{1}));
+  EXPECT_TRUE(exl3_group_counts(std::vector<int64_t>{}, 16).empty());
+
+  std::mt19937 rng(5);
+  for (int trial = 0; trial < 200; ++trial) {
+    std::vector<int64_t> rows(1 + rng() % 300);
+    for (int64_t& r : rows) r = 48 + static_cast<int64_t>(rng() % (trial % 2 == 0 ? 200 : 8000));
+    std::sort(rows.rbegin(), rows.rend());
+    const int64_t total = std::accumulate(rows.begin(), rows.end(), int64_t{0});
+    size_t first = 0;
+    for (const size_t count : exl3_group_counts(rows, 16)) {
+      ASSERT_GE(count, 1u);
+      ASSERT_LE(count, 16u);
+      const int64_t padded = (rows[first] + 15) / 16 * 16;
+      EXPECT_LE(static_cast<int64_t>(count) * padded, std::max(total, padded)) << "trial " << trial;
+      first += count;
+    }
+    EXPECT_EQ(first, rows.size()) << "trial " << trial;
   }
 }
 

@@ -22,6 +22,12 @@ constexpr int64_t kExl3GemmMaxDecodedBytes = int64_t{256} << 20;
 // Bytes rounded up to a whole number of 256-byte units (scratch regions carved from one buffer stay aligned).
 size_t aligned_floats(size_t bytes) { return (bytes + 255) / 256 * 64; }
 
+// An EXL3 group's rows padded to a multiple of 16, so that few distinct shapes need a cuBLASLt plan.
+size_t padded_group_rows(int64_t rows) {
+  constexpr size_t kRowGranule = 16;
+  return (static_cast<size_t>(rows) + kRowGranule - 1) / kRowGranule * kRowGranule;
+}
+
 }  // namespace
 
 float* Scratch::floats(size_t count) {
@@ -98,6 +104,20 @@ DeviceLinear DeviceLinear::upload(const LinearWeight& weight, int sm_count) {
   linear.data_ = DeviceBuffer::copy_of(weight.data, data_bytes);
   linear.weight_bytes_ = data_bytes + linear.scales_.size();
   return linear;
+}
+
+std::vector<size_t> exl3_group_counts(std::span<const int64_t> rows, size_t per_group) {
+  size_t total = 0;
+  for (const int64_t r : rows) total += static_cast<size_t>(r);
+  std::vector<size_t> counts;
+  per_group = std::max<size_t>(per_group, 1);
+  for (size_t first = 0; first < rows.size();) {
+    const size_t padded = std::max<size_t>(padded_group_rows(rows[first]), 1);
+    const size_t count = std::min({per_group, rows.size() - first, std::max<size_t>(1, total / padded)});
+    counts.push_back(count);
+    first += count;
+  }
+  return counts;
 }
 
 int64_t DeviceLinear::gemm_min_tokens() const {
@@ -246,14 +266,16 @@ void DeviceLinear::exl3_gemm_groups(std::span<const LinearJob* const> jobs, Scra
   const size_t per_group = std::clamp<size_t>(kExl3GemmMaxDecodedBytes / (k * n * 2), 1, kExl3GroupMax);
   // A group's products run as one batched GEMM over its members' rows padded to the group's longest (a product of
   // one expert's ~200 rows fills a quarter of the SMs; sixteen side by side fill them): jobs sorted by rows, so that
-  // a group's members are alike and the padding small.
+  // a group's members are alike and the padding small (exl3_group_counts).
   std::vector<const LinearJob*> sorted(jobs.begin(), jobs.end());
   std::stable_sort(sorted.begin(), sorted.end(),
                    [](const LinearJob* a, const LinearJob* b) { return a->num_tokens > b->num_tokens; });
-  constexpr size_t kRowGranule = 16;  // padded row counts, so that few distinct shapes need a cuBLASLt plan
-  for (size_t first = 0; first < sorted.size(); first += per_group) {
-    const size_t count = std::min(per_group, sorted.size() - first);
-    const size_t rows = (static_cast<size_t>(sorted[first]->num_tokens) + kRowGranule - 1) / kRowGranule * kRowGranule;
+  std::vector<int64_t> sorted_rows;
+  for (const LinearJob* job : sorted) sorted_rows.push_back(job->num_tokens);
+  const std::vector<size_t> counts = exl3_group_counts(sorted_rows, per_group);
+  size_t first = 0;
+  for (const size_t count : counts) {
+    const size_t rows = padded_group_rows(sorted[first]->num_tokens);
     // Scratch: each member's Ŵ fp16 [in_padded, out_padded], rotated inputs fp16 [rows, in_padded] and rotated
     // outputs [rows, out_padded], each kind at a fixed stride (the batch's). Padding rows are never read back.
     const size_t x_floats = aligned_floats(rows * k * 2), y_floats = aligned_floats(rows * n * 4);
@@ -284,6 +306,7 @@ void DeviceLinear::exl3_gemm_groups(std::span<const LinearJob* const> jobs, Scra
                                .w_stride = to_i64(2 * w_floats), .y_ld = to_i64(n), .y_stride = to_i64(y_floats)},
                      stream);
     check(exl3_rotate_outputs(shape, group, stream), "EXL3 output rotation launch");
+    first += count;
   }
 }
 

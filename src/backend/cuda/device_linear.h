@@ -10,6 +10,7 @@
 #include <span>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "backend/cuda/device_runtime.h"
 #include "backend/cuda/dense_kernels.h"
@@ -32,6 +33,13 @@ private:
 };
 
 class DeviceLinear;
+
+// How forward_jobs groups an EXL3 GEMM job list: `rows` are the jobs' token counts sorted longest first; each group
+// takes up to `per_group` consecutive jobs, its products run over rows padded (to 16) to its first job's, and it
+// takes no more members than keep members x padded rows within the list's total rows (at least one), so the padded
+// scratch never exceeds what the same rows unpadded could take (what a profile pass that routes every token alike
+// reserves). Returns the groups' member counts, in order.
+std::vector<size_t> exl3_group_counts(std::span<const int64_t> rows, size_t per_group);
 
 // One matrix's share of DeviceLinear::forward_jobs: y [num_tokens, out_features] = x [num_tokens, in_features] Wᵀ.
 struct LinearJob {
