@@ -7,6 +7,7 @@
 
 #include "backend/cuda/block_reduce.cuh"
 #include "backend/cuda/dsa_kernels.h"
+#include "backend/cuda/dynamic_shared.cuh"
 #include "backend/cuda/mma.cuh"
 
 namespace kestrel::cuda {
@@ -15,7 +16,6 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
-constexpr size_t kDefaultSharedBytes = 48 * 1024;
 // Latent rows staged in shared memory per online-softmax step (32 KiB at the model's rank 512).
 constexpr int kLatentChunk = 16;
 
@@ -30,13 +30,6 @@ __device__ __forceinline__ const float* latent_row(const SparseMlaDeviceArgs& a,
   const DevicePagedRows& rows = a.latents;
   const int64_t block = a.token_block_ids.at[t][i / rows.block_rows];
   return rows.pool + (block * rows.block_rows + i % rows.block_rows) * rows.row_width;
-}
-
-// Dynamic shared memory above 48 KiB must be opted into, per kernel.
-template <typename Kernel>
-cudaError_t allow_shared(Kernel* kernel, size_t bytes) {
-  if (bytes <= kDefaultSharedBytes) return cudaSuccess;
-  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
 }
 
 // One thread per element of rows [first_row, ...) (the cache's pool is written: DevicePagedRows is const for the

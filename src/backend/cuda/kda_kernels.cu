@@ -5,6 +5,7 @@
 
 #include "backend/cuda/block_reduce.cuh"
 #include "backend/cuda/dependent_launch.cuh"
+#include "backend/cuda/dynamic_shared.cuh"
 #include "backend/cuda/kda_kernels.h"
 
 namespace kestrel::cuda {
@@ -439,9 +440,7 @@ cudaError_t kda_recurrent(const KdaDeviceArgs& args, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(args.num_heads),
                   static_cast<unsigned>((args.head_dim + kBlockColumns - 1) / kBlockColumns));
   const auto launch = [&](auto kernel, size_t shared) {
-    const cudaError_t status =
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared));
-    if (status != cudaSuccess) return status;
+    if (const cudaError_t status = allow_shared(kernel, shared); status != cudaSuccess) return status;
     kernel<<<grid, 32 * kWarpsPerBlock, shared, stream>>>(args);
     return cudaGetLastError();
   };
