@@ -5,8 +5,8 @@
 
 #include <algorithm>
 #include <cmath>
-#include <numeric>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
@@ -107,41 +107,25 @@ TEST(CudaLinearTest, Exl3WideMatrixWithLongSlicesMatchesCpu) {
   }
 }
 
-TEST(CudaLinearTest, Exl3DecodedOnTheGpuIsBitExactWithTheCpuDecoder) {
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  uint32_t seed = 40;
-  for (const Codebook codebook : {Codebook::inst3, Codebook::mcg, Codebook::mul1}) {
-    for (int bits = exl3::kMinBits; bits <= exl3::kMaxBits; ++bits) {
-      const RandomExl3Matrix m = random_exl3_matrix(300, 200, bits, codebook, ++seed);
-      std::vector<uint16_t> expected(static_cast<size_t>(m.in_padded * m.out_padded));
-      exl3::decode_rotated(m.trellis.data(), m.in_padded, m.out_padded, bits, codebook, expected.data());
-      const DeviceLinear linear = DeviceLinear::upload(m.weight(), device_info(0).sm_count);
-      DeviceBuffer decoded(expected.size() * sizeof(uint16_t));
-      Exl3Group group;
-      group.count = 1;
-      group.members[0] = Exl3GroupMember{.trellis = linear.exl3()->trellis, .decoded = decoded.as<uint16_t>()};
-      check(exl3_decode_rotated(*linear.exl3(), group, nullptr), "decode");
-      std::vector<uint16_t> got(expected.size());
-      decoded.download(got.data(), got.size() * sizeof(uint16_t));
-      EXPECT_EQ(got, expected) << exl3::codebook_name(codebook) << " bits " << bits;
-    }
-  }
-}
-
 TEST(CudaLinearTest, Exl3GemmPathMatchesCpuForEveryCodebookAndBitrate) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   Gemm gemm;
   ASSERT_TRUE(gemm.available()) << "cuBLASLt did not load on a GPU machine";
   uint32_t seed = 60;
-  for (const Codebook codebook : {Codebook::inst3, Codebook::mcg, Codebook::mul1}) {
-    for (int bits = exl3::kMinBits; bits <= exl3::kMaxBits; ++bits) {
-      const RandomExl3Matrix m = random_exl3_matrix(300, 200, bits, codebook, ++seed);
-      const LinearWeight weight = m.weight();
-      for (const int64_t tokens : {64, 97}) {
-        const std::vector<float> x = random_values(static_cast<size_t>(tokens * 200), seed + 100);
-        EXPECT_LT(relative_difference(gpu_linear(weight, x, tokens, &gemm), cpu_linear(weight, x, tokens)),
-                  kExl3Tolerance)
-            << exl3::codebook_name(codebook) << " bits " << bits << " tokens " << tokens;
+  // k padded to 2 and to 3 chunks of 128 (the kernel's register buffers alternate by pairs of chunks); rows that fill
+  // 64-row blocks, end one part-way through an mma pair, and leave a second block 33 rows.
+  for (const auto& [in, out] : {std::pair<int64_t, int64_t>{200, 300}, std::pair<int64_t, int64_t>{300, 200}}) {
+    for (const Codebook codebook : {Codebook::inst3, Codebook::mcg, Codebook::mul1}) {
+      for (int bits = exl3::kMinBits; bits <= exl3::kMaxBits; ++bits) {
+        const RandomExl3Matrix m = random_exl3_matrix(out, in, bits, codebook, ++seed);
+        const LinearWeight weight = m.weight();
+        for (const int64_t tokens : {48, 53, 64, 97}) {
+          const std::vector<float> x = random_values(static_cast<size_t>(tokens * in), seed + 100);
+          EXPECT_LT(relative_difference(gpu_linear(weight, x, tokens, &gemm), cpu_linear(weight, x, tokens)),
+                    kExl3Tolerance)
+              << "in " << in << " out " << out << " " << exl3::codebook_name(codebook) << " bits " << bits
+              << " tokens " << tokens;
+        }
       }
     }
   }
@@ -152,9 +136,10 @@ TEST(CudaLinearTest, Exl3GemmPathMatchesCpuForEveryCodebookAndBitrate) {
             kExl3Tolerance);
 }
 
-// DeviceLinear::forward_jobs: 20 EXL3 matrices of one format at GEMM-sized token counts (48 to 347 rows, 4,210 in all:
-// groups of 11 and 9, each padded to its longest), two at GEMV-sized counts, one of another bitrate and an empty job among them; every output
-// matches the CPU, as each matrix alone would.
+// DeviceLinear::forward_jobs: 24 EXL3 matrices, 20 of one format at GEMM-sized token counts (48 to 347 rows, most not
+// a whole 64-row block), two of it at GEMV-sized counts, one of another bitrate and an empty job. The whole list holds
+// a full group of the format, so the small ones join the GEMM too (groups of 16 and 6); its first six jobs do not, so
+// there the small one takes the GEMV. Every output matches the CPU, as each matrix alone would.
 TEST(CudaLinearTest, Exl3JobsMatchCpuGroupedOrNot) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   Gemm gemm;
@@ -168,56 +153,29 @@ TEST(CudaLinearTest, Exl3JobsMatchCpuGroupedOrNot) {
   }
   std::vector<DeviceLinear> linears;
   std::vector<std::vector<float>> xs;
-  std::vector<DeviceBuffer> x_dev, y_dev;
+  std::vector<DeviceBuffer> x_dev;
   for (size_t i = 0; i < matrices.size(); ++i) {
     linears.push_back(DeviceLinear::upload(matrices[i].weight(), device_info(0).sm_count));
     xs.push_back(random_values(static_cast<size_t>(tokens[i] * kIn), 400 + static_cast<uint32_t>(i)));
     x_dev.push_back(testing::to_device(xs.back().empty() ? std::vector<float>(1) : xs.back()));
-    y_dev.emplace_back(static_cast<size_t>(std::max<int64_t>(tokens[i], 1) * kOut) * sizeof(float));
   }
-  std::vector<LinearJob> jobs;
-  for (size_t i = 0; i < matrices.size(); ++i) {
-    jobs.push_back(LinearJob{.linear = &linears[i], .x = x_dev[i].as<float>(), .num_tokens = tokens[i],
-                             .y = y_dev[i].as<float>()});
-  }
-  Scratch scratch;
-  DeviceLinear::forward_jobs(jobs, scratch, &gemm, nullptr);
-  for (size_t i = 0; i < matrices.size(); ++i) {
-    if (tokens[i] == 0) continue;
-    std::vector<float> got(static_cast<size_t>(tokens[i] * kOut));
-    y_dev[i].download(got.data(), got.size() * sizeof(float));
-    EXPECT_LT(relative_difference(got, cpu_linear(matrices[i].weight(), xs[i], tokens[i])), kExl3Tolerance)
-        << "job " << i << " tokens " << tokens[i];
-  }
-}
-
-// How forward_jobs groups a MoE layer's EXL3 GEMM jobs (host logic, no GPU needed): alike rows make full groups; a
-// router that sends most tokens to one expert must not have 15 small experts padded to its rows (16x the scratch),
-// so no group's padded rows exceed the list's rows (what the memory plan's profile pass reserved).
-TEST(CudaLinearTest, Exl3GroupsKeepTheirPaddedRowsWithinTheListsRows) {
-  const std::vector<int64_t> alike(20, 100);
-  EXPECT_EQ(exl3_group_counts(alike, 16), (std::vector<size_t>{16, 4}));
-  std::vector<int64_t> skewed = {4096};
-  skewed.insert(skewed.end(), 15, 64);  // 5,056 rows: the busiest expert's group holds it alone
-  EXPECT_EQ(exl3_group_counts(skewed, 16), (std::vector<size_t>{1, 15}));
-  EXPECT_EQ(exl3_group_counts(std::vector<int64_t>{50}, 16), (std::vector<size_t>{1}));
-  EXPECT_TRUE(exl3_group_counts(std::vector<int64_t>{}, 16).empty());
-
-  std::mt19937 rng(5);
-  for (int trial = 0; trial < 200; ++trial) {
-    std::vector<int64_t> rows(1 + rng() % 300);
-    for (int64_t& r : rows) r = 48 + static_cast<int64_t>(rng() % (trial % 2 == 0 ? 200 : 8000));
-    std::sort(rows.rbegin(), rows.rend());
-    const int64_t total = std::accumulate(rows.begin(), rows.end(), int64_t{0});
-    size_t first = 0;
-    for (const size_t count : exl3_group_counts(rows, 16)) {
-      ASSERT_GE(count, 1u);
-      ASSERT_LE(count, 16u);
-      const int64_t padded = (rows[first] + 15) / 16 * 16;
-      EXPECT_LE(static_cast<int64_t>(count) * padded, std::max(total, padded)) << "trial " << trial;
-      first += count;
+  for (const size_t count : {matrices.size(), size_t{6}}) {
+    std::vector<DeviceBuffer> y_dev;
+    std::vector<LinearJob> jobs;
+    for (size_t i = 0; i < count; ++i) {
+      y_dev.emplace_back(static_cast<size_t>(std::max<int64_t>(tokens[i], 1) * kOut) * sizeof(float));
+      jobs.push_back(LinearJob{.linear = &linears[i], .x = x_dev[i].as<float>(), .num_tokens = tokens[i],
+                               .y = y_dev[i].as<float>()});
     }
-    EXPECT_EQ(first, rows.size()) << "trial " << trial;
+    Scratch scratch;
+    DeviceLinear::forward_jobs(jobs, scratch, &gemm, nullptr);
+    for (size_t i = 0; i < count; ++i) {
+      if (tokens[i] == 0) continue;
+      std::vector<float> got(static_cast<size_t>(tokens[i] * kOut));
+      y_dev[i].download(got.data(), got.size() * sizeof(float));
+      EXPECT_LT(relative_difference(got, cpu_linear(matrices[i].weight(), xs[i], tokens[i])), kExl3Tolerance)
+          << count << " jobs: job " << i << " tokens " << tokens[i];
+    }
   }
 }
 

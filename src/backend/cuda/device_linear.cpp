@@ -12,21 +12,12 @@ namespace kestrel::cuda {
 namespace {
 
 // Where the GEMM overtakes the GEMV (H100 sweep, docs/benchmarks/cuda_linear.md): a bf16 pass reads the weights once
-// per 8 tokens, an EXL3 pass decodes the trellis once per 16, and the EXL3 GEMM also writes and reads Ŵ in fp16.
+// per 8 tokens, an EXL3 pass decodes the trellis once per 16.
 constexpr int64_t kDenseGemmMinTokens = 32;
 constexpr int64_t kExl3GemmMinTokens = 48;
-// The EXL3 GEMM decodes the whole Ŵ into scratch: a matrix whose fp16 copy is larger (an EXL3 lm_head: 1.3 GB)
-// stays on the GEMV, so that no token count grows the scratch past what the memory plan leaves.
-constexpr int64_t kExl3GemmMaxDecodedBytes = int64_t{256} << 20;
 
 // Bytes rounded up to a whole number of 256-byte units (scratch regions carved from one buffer stay aligned).
 size_t aligned_floats(size_t bytes) { return (bytes + 255) / 256 * 64; }
-
-// An EXL3 group's rows padded to a multiple of 16, so that few distinct shapes need a cuBLASLt plan.
-size_t padded_group_rows(int64_t rows) {
-  constexpr size_t kRowGranule = 16;
-  return (static_cast<size_t>(rows) + kRowGranule - 1) / kRowGranule * kRowGranule;
-}
 
 }  // namespace
 
@@ -106,25 +97,8 @@ DeviceLinear DeviceLinear::upload(const LinearWeight& weight, int sm_count) {
   return linear;
 }
 
-std::vector<size_t> exl3_group_counts(std::span<const int64_t> rows, size_t per_group) {
-  size_t total = 0;
-  for (const int64_t r : rows) total += static_cast<size_t>(r);
-  std::vector<size_t> counts;
-  per_group = std::max<size_t>(per_group, 1);
-  for (size_t first = 0; first < rows.size();) {
-    const size_t padded = std::max<size_t>(padded_group_rows(rows[first]), 1);
-    const size_t count = std::min({per_group, rows.size() - first, std::max<size_t>(1, total / padded)});
-    counts.push_back(count);
-    first += count;
-  }
-  return counts;
-}
-
 int64_t DeviceLinear::gemm_min_tokens() const {
-  if (exl3_) {
-    return view_.in_padded * view_.out_padded * 2 <= kExl3GemmMaxDecodedBytes ? kExl3GemmMinTokens
-                                                                               : std::numeric_limits<int64_t>::max();
-  }
+  if (exl3_) return kExl3GemmMinTokens;
   return dense_type_ == DenseWeightType::bf16 ? kDenseGemmMinTokens : std::numeric_limits<int64_t>::max();
 }
 
@@ -215,7 +189,7 @@ void DeviceLinear::forward_as_gemm(const float* x, int64_t num_tokens, float* y,
   if (exl3_) {
     const LinearJob job{.linear = this, .x = x, .num_tokens = num_tokens, .y = y};
     const LinearJob* const jobs[] = {&job};
-    exl3_gemm_groups(jobs, scratch, gemm, stream);
+    exl3_gemm_groups(jobs, scratch, stream);
   } else {
     const auto [high, low] = split_into(x, num_tokens, in_features_, scratch, stream);
     bf16_gemm_terms(high, low, num_tokens, y, gemm, stream);
@@ -241,47 +215,48 @@ void DeviceLinear::bf16_gemm_terms(const uint16_t* high, const uint16_t* low, in
 
 void DeviceLinear::forward_jobs(std::span<const LinearJob> jobs, Scratch& scratch, Gemm* gemm, cudaStream_t stream) {
   const bool gemm_usable = gemm != nullptr && gemm->available();
+  // The EXL3 jobs of the first one's format share the GEMM's launches: those from gemm_min_tokens() rows, and where
+  // the list holds a full group of that format, every one (a block among a launch's hundreds costs less than GEMV
+  // launches of its own: a MoE layer's experts that got few of a prefill chunk's tokens).
+  const Exl3DeviceView* format = nullptr;
+  size_t same_format = 0;
+  for (const LinearJob& job : jobs) {
+    if (!job.linear->exl3_ || job.num_tokens == 0) continue;
+    if (format == nullptr) format = &job.linear->view_;
+    if (same_exl3_format(*format, job.linear->view_)) ++same_format;
+  }
+  const bool group_all = same_format >= kExl3GroupMax;
   std::vector<const LinearJob*> grouped;
   for (const LinearJob& job : jobs) {
     const DeviceLinear& linear = *job.linear;
     require(job.num_tokens <= 65535, "CUDA linear '{}': {} tokens in one call (at most 65535)", linear.name_,
             job.num_tokens);
-    const Exl3DeviceView* first = grouped.empty() ? nullptr : &grouped.front()->linear->view_;
-    const bool joins = gemm_usable && linear.exl3_ && job.num_tokens >= linear.gemm_min_tokens() &&
-                       (first == nullptr || same_exl3_format(*first, linear.view_));
+    const bool joins = gemm_usable && linear.exl3_ && job.num_tokens > 0 &&
+                       same_exl3_format(*format, linear.view_) &&
+                       (group_all || job.num_tokens >= linear.gemm_min_tokens());
     if (joins) {
       grouped.push_back(&job);
     } else {
       linear.forward(job.x, job.num_tokens, job.y, scratch, gemm, stream);
     }
   }
-  if (!grouped.empty()) exl3_gemm_groups(grouped, scratch, *gemm, stream);
+  if (!grouped.empty()) exl3_gemm_groups(grouped, scratch, stream);
 }
 
-void DeviceLinear::exl3_gemm_groups(std::span<const LinearJob* const> jobs, Scratch& scratch, Gemm& gemm,
-                                    cudaStream_t stream) {
+void DeviceLinear::exl3_gemm_groups(std::span<const LinearJob* const> jobs, Scratch& scratch, cudaStream_t stream) {
   const Exl3DeviceView& shape = jobs.front()->linear->view_;
-  const auto k = static_cast<size_t>(shape.in_padded), n = static_cast<size_t>(shape.out_padded);
-  const size_t w_floats = aligned_floats(k * n * 2);
-  const size_t per_group = std::clamp<size_t>(kExl3GemmMaxDecodedBytes / (k * n * 2), 1, kExl3GroupMax);
-  // A group's products run as one batched GEMM over its members' rows padded to the group's longest (a product of
-  // one expert's ~200 rows fills a quarter of the SMs; sixteen side by side fill them): jobs sorted by rows, so that
-  // a group's members are alike and the padding small (exl3_group_counts).
+  const auto k = static_cast<size_t>(shape.in_padded);
+  // Jobs sorted by rows, so that a group's members need alike numbers of 64-row blocks (the launch's grid has the
+  // most of them; a shorter member's extra blocks return at once).
   std::vector<const LinearJob*> sorted(jobs.begin(), jobs.end());
   std::stable_sort(sorted.begin(), sorted.end(),
                    [](const LinearJob* a, const LinearJob* b) { return a->num_tokens > b->num_tokens; });
-  std::vector<int64_t> sorted_rows;
-  for (const LinearJob* job : sorted) sorted_rows.push_back(job->num_tokens);
-  const std::vector<size_t> counts = exl3_group_counts(sorted_rows, per_group);
-  size_t first = 0;
-  for (const size_t count : counts) {
-    const size_t rows = padded_group_rows(sorted[first]->num_tokens);
-    // Scratch: each member's Ŵ fp16 [in_padded, out_padded], rotated inputs fp16 [rows, in_padded] and rotated
-    // outputs [rows, out_padded], each kind at a fixed stride (the batch's). Padding rows are never read back.
-    const size_t x_floats = aligned_floats(rows * k * 2), y_floats = aligned_floats(rows * n * 4);
-    float* decoded = scratch.floats(count * (w_floats + x_floats + y_floats));
-    float* rotated_x = decoded + count * w_floats;
-    float* products = rotated_x + count * x_floats;
+  for (size_t first = 0; first < sorted.size(); first += kExl3GroupMax) {
+    const size_t count = std::min<size_t>(kExl3GroupMax, sorted.size() - first);
+    // Scratch: each member's rotated inputs, fp16 [rows, in_padded].
+    size_t x_floats = 0;
+    for (size_t i = 0; i < count; ++i) x_floats += aligned_floats(static_cast<size_t>(sorted[first + i]->num_tokens) * k * 2);
+    float* rotated_x = scratch.floats(x_floats);
     Exl3Group group;
     group.count = static_cast<int>(count);
     for (size_t i = 0; i < count; ++i) {
@@ -292,21 +267,12 @@ void DeviceLinear::exl3_gemm_groups(std::span<const LinearJob* const> jobs, Scra
                                          .svh = view.svh,
                                          .num_tokens = job.num_tokens,
                                          .x = job.x,
-                                         .decoded = reinterpret_cast<uint16_t*>(decoded + i * w_floats),
-                                         .rotated_x = reinterpret_cast<uint16_t*>(rotated_x + i * x_floats),
-                                         .rotated_y = products + i * y_floats,
+                                         .rotated_x = reinterpret_cast<uint16_t*>(rotated_x),
                                          .y = job.y};
+      rotated_x += aligned_floats(static_cast<size_t>(job.num_tokens) * k * 2);
     }
-    check(exl3_decode_rotated(shape, group, stream), "EXL3 decode launch");
     check(exl3_rotate_inputs(shape, group, stream), "EXL3 input rotation launch");
-    const auto to_i64 = [](size_t v) { return static_cast<int64_t>(v); };
-    gemm.run_batched(GemmInput::f16, rotated_x, to_i64(rows), to_i64(k), decoded, GemmWeights::rows_are_inputs,
-                     to_i64(n), products,
-                     GemmBatch{.count = to_i64(count), .x_ld = to_i64(k), .x_stride = to_i64(2 * x_floats),
-                               .w_stride = to_i64(2 * w_floats), .y_ld = to_i64(n), .y_stride = to_i64(y_floats)},
-                     stream);
-    check(exl3_rotate_outputs(shape, group, stream), "EXL3 output rotation launch");
-    first += count;
+    check(exl3_trellis_gemm(shape, group, stream), "EXL3 GEMM launch");
   }
 }
 

@@ -1,7 +1,8 @@
 // A checkpoint matrix (LinearWeight) copied to GPU memory in its on-disk format, with the kernels that apply it:
 // the EXL3 trellis GEMV for EXL3 matrices, the dense GEMV for f32/f16/bf16 and block-fp8 (its scale grid kept as
-// float32); for prefill-sized token counts, a tensor-core GEMM (gemm.h) for bf16 and EXL3 matrices (EXL3 decoded to
-// fp16 for the call), which reads the weights once where the GEMV would read them once per pass of 8 or 16 tokens.
+// float32); for prefill-sized token counts, a tensor-core GEMM for bf16 (cuBLASLt, gemm.h) and EXL3 matrices
+// (exl3_trellis_gemm, decoding in registers), which reads the weights once per call or per 64 tokens where the GEMV
+// would read them once per pass of 8 or 16 tokens.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -34,13 +35,6 @@ private:
 
 class DeviceLinear;
 
-// How forward_jobs groups an EXL3 GEMM job list: `rows` are the jobs' token counts sorted longest first; each group
-// takes up to `per_group` consecutive jobs, its products run over rows padded (to 16) to its first job's, and it
-// takes no more members than keep members x padded rows within the list's total rows (at least one), so the padded
-// scratch never exceeds what the same rows unpadded could take (what a profile pass that routes every token alike
-// reserves). Returns the groups' member counts, in order.
-std::vector<size_t> exl3_group_counts(std::span<const int64_t> rows, size_t per_group);
-
 // One matrix's share of DeviceLinear::forward_jobs: y [num_tokens, out_features] = x [num_tokens, in_features] Wᵀ.
 struct LinearJob {
   const DeviceLinear* linear = nullptr;
@@ -65,16 +59,15 @@ public:
                       Gemm* gemm, cudaStream_t stream) const;
   static void forward_shared_input(std::span<const DeviceLinear* const> linears, const float* x, int64_t num_tokens,
                                    std::span<float* const> ys, Scratch& scratch, Gemm* gemm, cudaStream_t stream);
-  // Every job as forward() runs it, but the EXL3 jobs on the GEMM path that share the first such job's shape and
-  // format go through its steps together (exl3_kernels.h's groups: one launch per step for up to kExl3GroupMax
-  // matrices and 256 MiB of decoded weights, the products as one batched GEMM over rows padded to the group's
-  // longest, jobs grouped by row count): a MoE layer's experts in a prefill chunk.
+  // Every job as forward() runs it, but the EXL3 jobs of the first one's shape and format go through the GEMM's
+  // steps together (exl3_kernels.h's groups: one launch per step for up to kExl3GroupMax matrices, jobs grouped by
+  // row count): those on the GEMM path at their count, and all of them where the list holds kExl3GroupMax or more
+  // (a MoE layer's experts in a prefill chunk).
   static void forward_jobs(std::span<const LinearJob> jobs, Scratch& scratch, Gemm* gemm, cudaStream_t stream);
-  // The fewest tokens this matrix runs as a GEMM (INT64_MAX: never, for formats without a GEMM path and EXL3
-  // matrices too large to decode into scratch).
+  // The fewest tokens this matrix runs as a GEMM (INT64_MAX: never, for formats without a GEMM path).
   int64_t gemm_min_tokens() const;
-  // The GEMM path at any token count (bf16 and EXL3 matrices; `gemm` must be available): what forward runs from
-  // gemm_min_tokens() on, callable below it to find where that should be.
+  // The GEMM path at any token count (bf16 and EXL3 matrices; `gemm`, which bf16 uses, must be available): what
+  // forward runs from gemm_min_tokens() on, callable below it to find where that should be.
   void forward_as_gemm(const float* x, int64_t num_tokens, float* y, Scratch& scratch, Gemm& gemm,
                        cudaStream_t stream) const;
   // out[T, in_features] = rows ids[T] of W (the embedding lookup); ids are device memory, validated by the caller.
@@ -104,8 +97,7 @@ private:
   void bf16_gemm_terms(const uint16_t* high, const uint16_t* low, int64_t num_tokens, float* y, Gemm& gemm,
                        cudaStream_t stream) const;
   // The EXL3 large-batch steps for jobs of one shape and format, in groups.
-  static void exl3_gemm_groups(std::span<const LinearJob* const> jobs, Scratch& scratch, Gemm& gemm,
-                               cudaStream_t stream);
+  static void exl3_gemm_groups(std::span<const LinearJob* const> jobs, Scratch& scratch, cudaStream_t stream);
 
   std::string name_;
   int64_t in_features_ = 0, out_features_ = 0;

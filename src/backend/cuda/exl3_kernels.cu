@@ -5,6 +5,7 @@
 
 #include "backend/cuda/exl3_kernels.h"
 #include "backend/cuda/dependent_launch.cuh"
+#include "backend/cuda/dynamic_shared.cuh"
 #include "backend/cuda/hadamard_warp.cuh"
 #include "backend/cuda/mma.cuh"
 #include "backend/cuda/swiglu.cuh"
@@ -50,14 +51,15 @@ __device__ __forceinline__ uint32_t codebook_word(uint32_t state) {
 template <int Bits>
 constexpr int kLaneWords = Bits == 4 ? 1 : 4;
 
-template <int Bits>
+template <int Bits, bool Streaming = true>
 __device__ __forceinline__ void load_tile(const uint32_t* record, int lane, int first_word,
                                           uint32_t (&raw)[kLaneWords<Bits>]) {
+  const auto load = [](const uint32_t* p) { return Streaming ? __ldcs(p) : __ldg(p); };
   if constexpr (Bits == 4) {
-    raw[0] = __ldcs(record + lane);
+    raw[0] = load(record + lane);
   } else {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) raw[i] = __ldcs(record + (first_word + i) % (8 * Bits));
+    for (int i = 0; i < 4; ++i) raw[i] = load(record + (first_word + i) % (8 * Bits));
   }
 }
 
@@ -94,6 +96,44 @@ __device__ __forceinline__ void tile_states(const uint32_t (&raw)[kLaneWords<Bit
     }
   }
 }
+
+// Lane l's 8 codebook words of one tile: those of its states 8l..8l+7.
+template <int Bits, int Codebook>
+__device__ __forceinline__ void lane_codebook_words(const uint32_t (&raw)[kLaneWords<Bits>], int lane, int shift,
+                                                    uint32_t (&w)[8]) {
+  uint32_t state[8];
+  tile_states<Bits>(raw, lane, shift, state);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) w[j] = codebook_word<Codebook>(state[j]);
+}
+
+// What lane l of the warp decoding one 16-column strip of a matrix reads: the strip's tiles, one per k tile, each
+// `kWords` words apart from the next strip's; and where in a tile's circular stream its states begin.
+template <int Bits, bool Streaming>
+struct StripReader {
+  static constexpr int kWords = 8 * Bits;
+  const uint32_t* strip_words;
+  int64_t tile_words;  // from one k tile of the strip to the next
+  int lane, first_word, shift;
+
+  __device__ __forceinline__ StripReader(const uint32_t* trellis, int64_t strip, int64_t tiles_n, int lane_)
+      : strip_words(trellis + strip * kWords), tile_words(tiles_n * kWords), lane(lane_) {
+    const int first_bit = (8 * lane + 1) * Bits - 16 + 256 * Bits;  // made positive: the stream is circular
+    first_word = (first_bit >> 5) % kWords;
+    shift = first_bit & 31;
+  }
+  // The kTilesInFlight tiles from k tile `first` on.
+  __device__ __forceinline__ void load(int64_t first, TileGroup<Bits>& raw) const {
+#pragma unroll
+    for (int u = 0; u < kTilesInFlight; ++u) {
+      load_tile<Bits, Streaming>(strip_words + (first + u) * tile_words, lane, first_word, raw.words[u]);
+    }
+  }
+  template <int Codebook>
+  __device__ __forceinline__ void decode(const uint32_t (&raw)[kLaneWords<Bits>], uint32_t (&w)[8]) const {
+    lane_codebook_words<Bits, Codebook>(raw, lane, shift, w);
+  }
+};
 
 // One launch per 16 tokens. Block (c, s) owns output columns [128c, 128c + 128), one output Hadamard block, and k
 // slice s (a multiple of 128 rows, one or more input Hadamard blocks):
@@ -134,7 +174,6 @@ size_t shared_bytes(int64_t slice_tiles, int num_tokens) {
 
 template <int Bits, int Codebook, int Groups>
 __global__ void __launch_bounds__(32 * kWarpsPerBlock) trellis_gemv(GemvParams p) {
-  constexpr int kWords = 8 * Bits, kStreamBits = 256 * Bits;
   extern __shared__ uint4 shared_inputs[];  // [num_tokens][slice_tiles * 16 + kRowPadWords] doubled fp16 words
   uint32_t* doubled = reinterpret_cast<uint32_t*>(shared_inputs);
   __shared__ bool last_slice;
@@ -153,17 +192,10 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) trellis_gemv(GemvParams p
   const int64_t stride = p.slice_tiles * 16 + kRowPadWords;
 
   const int64_t strip = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + warp;
-  const uint32_t* strip_words = m.trellis + strip * kWords;
-  const int64_t tile_words = tiles_n * kWords;  // from one k tile of the strip to the next
-  const int first_bit = (8 * lane + 1) * Bits - 16 + kStreamBits;  // made positive: the stream is circular
-  const int first_word = (first_bit >> 5) % kWords, shift = first_bit & 31;
+  const StripReader<Bits, true> reader(m.trellis, strip, tiles_n, lane);
   using GroupWords = TileGroup<Bits>;
   const auto load_group = [&](int64_t group, GroupWords& raw) {
-    if (group >= a_end) return;
-#pragma unroll
-    for (int u = 0; u < kTilesInFlight; ++u) {
-      load_tile<Bits>(strip_words + (group + u) * tile_words, lane, first_word, raw.words[u]);
-    }
+    if (group < a_end) reader.load(group, raw);
   };
   // 0. The strip's first group of tiles is requested before the input rotation and, for a single matrix, before
   // waiting for the previous kernel (launch_dependent), so that its latency overlaps both. (Requesting the whole
@@ -211,11 +243,8 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) trellis_gemv(GemvParams p
   const auto multiply_group = [&](int64_t group, const GroupWords& raw) {
 #pragma unroll
     for (int u = 0; u < kTilesInFlight; ++u) {
-      uint32_t state[8];
-      tile_states<Bits>(raw.words[u], lane, shift, state);
       uint32_t w[8];
-#pragma unroll
-      for (int j = 0; j < 8; ++j) w[j] = codebook_word<Codebook>(state[j]);
+      reader.template decode<Codebook>(raw.words[u], w);
 #pragma unroll
       for (int g = 0; g < Groups; ++g) {
         const uint4 b = present[g] ? b_row[g][(group + u - a_begin) * 4] : make_uint4(0, 0, 0, 0);
@@ -271,32 +300,139 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) trellis_gemv(GemvParams p
   }
 }
 
-// The large-batch form's three steps. Decoding: one warp per tile (the record index is the tile's), lane l's states
-// 8l..8l+7 at exl3::tile_coord's places, each the fp16 sum of its codebook word's halves (as exl3::decode_state).
-// Grid y is the group's member.
-template <int Bits, int Codebook>
-__global__ void __launch_bounds__(32 * kWarpsPerBlock) decode_tiles(Exl3Group group, int64_t tiles,
-                                                                     int64_t tiles_n) {
-  constexpr int kStreamBits = 256 * Bits, kWords = 8 * Bits;
-  const int lane = static_cast<int>(threadIdx.x & 31u);
-  const int64_t tile = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
-  if (tile >= tiles) return;
-  const Exl3GroupMember& member = group.members[blockIdx.y];
-  const uint32_t* trellis = member.trellis;
-  __half* out = reinterpret_cast<__half*>(member.decoded);
-  const int first_bit = (8 * lane + 1) * Bits - 16 + kStreamBits;
-  uint32_t raw[kLaneWords<Bits>];
-  load_tile<Bits>(trellis + tile * kWords, lane, (first_bit >> 5) % kWords, raw);
-  uint32_t state[8];
-  tile_states<Bits>(raw, lane, first_bit & 31, state);
-  const int64_t n = tiles_n * 16;
-  __half* corner = out + (tile / tiles_n * 16) * n + tile % tiles_n * 16;
+// The large-batch form. Block (m, c, z) multiplies rows [Rows m, Rows (m + 1)) of member z's rotated inputs by
+// column block c of its Ŵ (128 columns, one output Hadamard block) over the whole k, then rotates its outputs back:
+//  1. the rows' inputs stream through shared memory in chunks of 8 tiles (128 k), kChunkStages - 1 chunks ahead by
+//     cp.async (rows past the member's are zeros, multiplied like the rest and never written);
+//  2. warp w decodes the 16-column tile strip 8c + w chunk by chunk in registers, the words of the next two chunks
+//     loading while one multiplies: each tile once per block, its states' codebook halves summed in fp16 as
+//     exl3::decode_state sums them (so Ŵ is bit-exact with the CPU decoder's), two weights to an A register
+//     (lane l's states 8l..8l+7 are exactly its A fragment's elements, exl3::tile_coord), and multiplied on the tensor
+//     cores by the rows, 8 to an mma, their B fragments read by ldmatrix;
+//  3. the fp32 accumulators go through shared memory to one warp per row, which applies the output rotation and svh.
+// Nothing of Ŵ is written to memory: the trellis is read once per Rows rows (blocks of one column block run side by
+// side, m fastest, so L2 serves the repeats). The kernel is bound by issuing its instructions (Nsight Compute, run
+// 44), the decoding about half of them at 64 rows: 128-row blocks halve that share but also the grid.
+constexpr int kWordBuffers = 3;  // chunks of trellis words in registers: one multiplied while two load
+constexpr int kChunkTiles = kTilesInFlight;
+constexpr int kChunkStages = 3;
+constexpr int kChunkRowBytes = kChunkTiles * 16 * 2 + 16;  // + 16: ldmatrix's 8 rows fall in distinct banks
+constexpr int kOutRowFloats = 128 + 4;  // + 4: the accumulators' scatter is conflict-free
+// Shared memory of a block of `rows` rows: the chunk stages, later the outputs.
+constexpr size_t gemm_shared_bytes(size_t rows) {
+  return std::max(kChunkStages * rows * kChunkRowBytes, rows * kOutRowFloats * sizeof(float));
+}
+
+// Two weights in one register: the fp16 sums of the halves of codebook words p (low) and q (high), as two byte
+// permutes and one paired fp16 add.
+__device__ __forceinline__ uint32_t summed_pair(uint32_t p, uint32_t q) {
+  uint32_t sum;
+  asm("add.rn.f16x2 %0, %1, %2;" : "=r"(sum) : "r"(__byte_perm(p, q, 0x5410)), "r"(__byte_perm(p, q, 0x7632)));
+  return sum;
+}
+
+template <int Bits, int Codebook, int Rows>
+__global__ void __launch_bounds__(32 * kWarpsPerBlock) trellis_gemm(Exl3Group group, int64_t in_padded,
+                                                                     int64_t out_padded, int64_t out_features) {
+  constexpr int kGroups = Rows / kTokensPerGroup;
+  constexpr int kChunkBytes = Rows * kChunkRowBytes;
+  extern __shared__ uint4 gemm_shared[];
+  auto* chunks = reinterpret_cast<unsigned char*>(gemm_shared);
+  const Exl3GroupMember& member = group.members[blockIdx.z];
+  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * Rows;
+  if (row0 >= member.num_tokens) return;
+  const int rows = static_cast<int>(min(static_cast<int64_t>(Rows), member.num_tokens - row0));
+  const int warp = static_cast<int>(threadIdx.x / 32), lane = static_cast<int>(threadIdx.x & 31u);
+  const int64_t tiles_n = out_padded / 16, chunks_k = in_padded / 16 / kChunkTiles;
+  const __half* x = reinterpret_cast<const __half*>(member.rotated_x) + row0 * in_padded;
+
+  const auto stage_chunk = [&](int64_t chunk) {
+    if (chunk < chunks_k) {
+      unsigned char* stage = chunks + chunk % kChunkStages * kChunkBytes;
+      for (int i = static_cast<int>(threadIdx.x); i < Rows * 16; i += 32 * kWarpsPerBlock) {
+        const int row = i / 16, part = i % 16;
+        const bool valid = row < rows;
+        copy_async_16(stage + row * kChunkRowBytes + part * 16,
+                      x + (valid ? row : 0) * in_padded + chunk * kChunkTiles * 16 + part * 8, valid);
+      }
+    }
+    copy_async_commit();  // empty past the end, so that every iteration waits for the same count
+  };
+  const int64_t strip = static_cast<int64_t>(blockIdx.y) * kWarpsPerBlock + warp;
+  const StripReader<Bits, false> reader(member.trellis, strip, tiles_n, lane);
+  using GroupWords = TileGroup<Bits>;
+  const auto load_chunk_words = [&](int64_t chunk, GroupWords& raw) {
+    if (chunk < chunks_k) reader.load(chunk * kChunkTiles, raw);
+  };
+  GroupWords words[kWordBuffers];
 #pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    const uint32_t word = codebook_word<Codebook>(state[j]);
-    const int row = 2 * (lane % 4) + (j & 1) + ((j & 2) ? 8 : 0), col = lane / 4 + ((j & 4) ? 8 : 0);
-    corner[row * n + col] = __hadd(__ushort_as_half(static_cast<unsigned short>(word & 0xFFFFu)),
-                                   __ushort_as_half(static_cast<unsigned short>(word >> 16)));
+  for (int b = 0; b + 1 < kWordBuffers; ++b) load_chunk_words(b, words[b]);
+#pragma unroll
+  for (int s = 0; s + 1 < kChunkStages; ++s) stage_chunk(s);
+
+  // Lane l gives ldmatrix the row of matrix l / 8: rows (l / 16) * 8 + l % 8 of a 16-row pair of mma groups, the
+  // tile's k 0..7 or (odd matrices) 8..15; registers 0, 1 are then the first group's B fragment, 2, 3 the second's.
+  const int ldmatrix_offset = ((lane >> 4) * 8 + (lane & 7)) * kChunkRowBytes + ((lane >> 3) & 1) * 16;
+  float acc[kGroups][4] = {};
+  const auto multiply_chunk = [&](int64_t chunk, const GroupWords& raw) {
+    const uint32_t stage = shared_address(chunks) + static_cast<uint32_t>(chunk % kChunkStages * kChunkBytes) +
+                           ldmatrix_offset;
+#pragma unroll
+    for (int u = 0; u < kChunkTiles; ++u) {
+      uint32_t w[8];
+      reader.template decode<Codebook>(raw.words[u], w);
+      const uint32_t a0 = summed_pair(w[0], w[1]), a1 = summed_pair(w[4], w[5]), a2 = summed_pair(w[2], w[3]),
+                     a3 = summed_pair(w[6], w[7]);
+#pragma unroll
+      for (int pair = 0; pair < kGroups / 2; ++pair) {
+        uint32_t b[4];
+        ldmatrix_x4(b, stage + pair * 2 * kTokensPerGroup * kChunkRowBytes + u * 32);
+        mma_16x8x16<MmaInput::f16>(acc[2 * pair], a0, a1, a2, a3, b[0], b[1]);
+        mma_16x8x16<MmaInput::f16>(acc[2 * pair + 1], a0, a1, a2, a3, b[2], b[3]);
+      }
+    }
+  };
+  // kWordBuffers chunks per round, so that the register buffers rotate by unrolling.
+  for (int64_t round = 0; round < chunks_k; round += kWordBuffers) {
+#pragma unroll
+    for (int s = 0; s < kWordBuffers; ++s) {
+      const int64_t chunk = round + s;
+      if (chunk >= chunks_k) break;
+      copy_async_wait<kChunkStages - 2>();
+      __syncthreads();  // the chunk is in for every thread, and the stage the next copy fills is read by none
+      stage_chunk(chunk + kChunkStages - 1);
+      load_chunk_words(chunk + kWordBuffers - 1, words[(s + kWordBuffers - 1) % kWordBuffers]);
+      multiply_chunk(chunk, words[s]);
+    }
+  }
+
+  // 3. The block's outputs through shared memory (the stages are free once every warp is done), then per row the
+  // output rotation and svh.
+  copy_async_wait<0>();
+  __syncthreads();
+  float* out = reinterpret_cast<float*>(gemm_shared);
+  const int quad = lane % 4;
+#pragma unroll
+  for (int g = 0; g < kGroups; ++g) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        out[(kTokensPerGroup * g + 2 * quad + c) * kOutRowFloats + warp * 16 + lane / 4 + 8 * r] = acc[g][2 * r + c];
+      }
+    }
+  }
+  __syncthreads();
+  const int64_t base = static_cast<int64_t>(blockIdx.y) * 128 + lane * 4;
+  for (int t = warp; t < rows; t += kWarpsPerBlock) {
+    const float4 row = *reinterpret_cast<const float4*>(out + t * kOutRowFloats + lane * 4);
+    float v[4] = {row.x, row.y, row.z, row.w};
+    hadamard128_warp(v);
+    float* y = member.y + (row0 + t) * out_features;
+    for (int j = 0; j < 4; ++j) {
+      const int64_t o = base + j;
+      if (o < out_features) y[o] = v[j] * __half2float(__ushort_as_half(member.svh[o]));
+    }
   }
 }
 
@@ -328,32 +464,11 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) rotate_inputs(Exl3Group g
   for (int j = 0; j < 4; ++j) out[t * in_padded + base + j] = __float2half_rn(v[j]);
 }
 
-// Per member (grid y): y[t] = (rotated_y[t]·H128 ⊙ svh) per block, the first out_features columns.
-__global__ void __launch_bounds__(32 * kWarpsPerBlock) rotate_outputs(Exl3Group group, int64_t out_features,
-                                                                       int64_t out_padded) {
-  const Exl3GroupMember& member = group.members[blockIdx.y];
-  const float* rotated = member.rotated_y;
-  const uint16_t* svh = member.svh;
-  float* y = member.y;
-  int64_t t = 0, base = 0;
-  if (!rotation_job(out_padded, member.num_tokens, t, base)) return;
-  float v[4];
-  for (int j = 0; j < 4; ++j) v[j] = rotated[t * out_padded + base + j];
-  hadamard128_warp(v);
-  for (int j = 0; j < 4; ++j) {
-    const int64_t o = base + j;
-    if (o < out_features) y[t * out_features + o] = v[j] * __half2float(__ushort_as_half(svh[o]));
-  }
-}
-
 template <int Bits, int Codebook, int Groups>
 void launch_pass(const GemvParams& p, dim3 grid, cudaStream_t stream) {
   const size_t shared = shared_bytes(p.slice_tiles, p.num_tokens);
-  // Past the default 48 KB a kernel must opt in (on each device it runs on; a failure shows as the launch's error).
-  if (shared > 48 * 1024) {
-    static_cast<void>(cudaFuncSetAttribute(trellis_gemv<Bits, Codebook, Groups>,
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)));
-  }
+  // A failed opt-in shows as the launch's error.
+  static_cast<void>(allow_shared(trellis_gemv<Bits, Codebook, Groups>, shared));
   // A launch may overlap the previous kernel's tail: the kernel loads its first weights before it waits for it.
   static_cast<void>(launch_dependent(trellis_gemv<Bits, Codebook, Groups>, grid, dim3(32 * kWarpsPerBlock), shared,
                                      stream, p));
@@ -409,18 +524,10 @@ bool launchable(const Exl3DeviceView& m) {
 
 bool valid_group(const Exl3Group& group) { return group.count >= 0 && group.count <= kExl3GroupMax; }
 
-// A rotation kernel over the members' rows, `padded` wide: one warp per (token, 128-element block), grid y the
-// member (warps past a member's rows return).
-template <typename Kernel, typename... Args>
-cudaError_t launch_rotation(const Exl3DeviceView& m, const Exl3Group& group, int64_t padded, cudaStream_t stream,
-                            Kernel kernel, Args... args) {
-  if (!launchable(m) || !valid_group(group)) return cudaErrorInvalidValue;
-  int64_t most_tokens = 0;
-  for (int i = 0; i < group.count; ++i) most_tokens = std::max(most_tokens, group.members[i].num_tokens);
-  if (most_tokens == 0) return cudaSuccess;
-  const dim3 grid(warp_blocks(padded / 128 * most_tokens), static_cast<unsigned>(group.count));
-  kernel<<<grid, 32 * kWarpsPerBlock, 0, stream>>>(group, args...);
-  return cudaGetLastError();
+int64_t most_tokens(const Exl3Group& group) {
+  int64_t most = 0;
+  for (int i = 0; i < group.count; ++i) most = std::max(most, group.members[i].num_tokens);
+  return most;
 }
 
 GemvParams params_for(const Exl3DeviceView& m, const Exl3Plan& plan, const float* x, float* y, float* scratch,
@@ -506,24 +613,43 @@ cudaError_t exl3_slot_linear(const Exl3DeviceView& shape, const Exl3Plan& plan, 
   return cudaGetLastError();
 }
 
-cudaError_t exl3_decode_rotated(const Exl3DeviceView& m, const Exl3Group& group, cudaStream_t stream) {
+cudaError_t exl3_rotate_inputs(const Exl3DeviceView& m, const Exl3Group& group, cudaStream_t stream) {
   if (!launchable(m) || !valid_group(group)) return cudaErrorInvalidValue;
-  if (group.count == 0) return cudaSuccess;
-  const int64_t tiles_n = m.out_padded / 16, tiles = m.in_padded / 16 * tiles_n;
-  const dim3 grid(warp_blocks(tiles), static_cast<unsigned>(group.count));
-  with_format(m.bits, m.codebook, [&](auto bits, auto codebook) {
-    decode_tiles<decltype(bits)::value, decltype(codebook)::value><<<grid, 32 * kWarpsPerBlock, 0, stream>>>(
-        group, tiles, tiles_n);
-  });
+  const int64_t rows = most_tokens(group);
+  if (rows == 0) return cudaSuccess;
+  const dim3 grid(warp_blocks(m.in_padded / 128 * rows), static_cast<unsigned>(group.count));
+  rotate_inputs<<<grid, 32 * kWarpsPerBlock, 0, stream>>>(group, m.in_features, m.in_padded);
   return cudaGetLastError();
 }
 
-cudaError_t exl3_rotate_inputs(const Exl3DeviceView& m, const Exl3Group& group, cudaStream_t stream) {
-  return launch_rotation(m, group, m.in_padded, stream, rotate_inputs, m.in_features, m.in_padded);
-}
-
-cudaError_t exl3_rotate_outputs(const Exl3DeviceView& m, const Exl3Group& group, cudaStream_t stream) {
-  return launch_rotation(m, group, m.out_padded, stream, rotate_outputs, m.out_features, m.out_padded);
+cudaError_t exl3_trellis_gemm(const Exl3DeviceView& m, const Exl3Group& group, cudaStream_t stream) {
+  if (!launchable(m) || !valid_group(group)) return cudaErrorInvalidValue;
+  const int64_t rows = most_tokens(group);
+  if (rows == 0) return cudaSuccess;
+  // 128-row blocks where they still give every SM a block (an H100 sweep, docs/benchmarks/cuda_linear.md: 4096 ->
+  // 2048 at 4,096 tokens 287 against 350 µs, at 256 tokens 81 against 57).
+  int device = 0, sm_count = 1;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+    return cudaGetLastError();
+  }
+  int64_t long_blocks = 0;
+  for (int i = 0; i < group.count; ++i) long_blocks += (group.members[i].num_tokens + 127) / 128 * (m.out_padded / 128);
+  const bool long_rows = long_blocks >= sm_count;
+  const int64_t block_rows = long_rows ? 128 : 64;
+  const dim3 grid(static_cast<unsigned>((rows + block_rows - 1) / block_rows),
+                  static_cast<unsigned>(m.out_padded / 128), static_cast<unsigned>(group.count));
+  cudaError_t status = cudaSuccess;
+  with_format(m.bits, m.codebook, [&](auto bits, auto codebook) {
+    constexpr int kBits = decltype(bits)::value, kCodebook = decltype(codebook)::value;
+    const auto kernel = long_rows ? trellis_gemm<kBits, kCodebook, 128> : trellis_gemm<kBits, kCodebook, 64>;
+    const size_t shared = gemm_shared_bytes(static_cast<size_t>(block_rows));
+    status = allow_shared(kernel, shared);
+    if (status == cudaSuccess) {
+      kernel<<<grid, 32 * kWarpsPerBlock, shared, stream>>>(group, m.in_padded, m.out_padded, m.out_features);
+    }
+  });
+  return status == cudaSuccess ? cudaGetLastError() : status;
 }
 
 }  // namespace kestrel::cuda

@@ -81,12 +81,12 @@ cudaError_t exl3_slot_linear(const Exl3DeviceView& shape, const Exl3Plan& plan, 
                              int64_t slots, const Exl3SlotInput& input, float* y, float* scratch, unsigned* counters,
                              cudaStream_t stream);
 
-// The large-batch form (exllamav3 reconstructs too): Ŵ decoded once per call into fp16 [in_padded, out_padded]
-// row-major (exl3_decode_rotated, bit-exact with exl3::decode_rotated), the inputs rotated into fp16 [T, in_padded]
-// (exl3_rotate_inputs), their product on the tensor cores (gemm.h, float32 [T, out_padded]), and that rotated back into
-// y [T, out_features] (exl3_rotate_outputs). Worth it when the GEMV would read the trellis many times over. Each step
-// takes a group of up to kExl3GroupMax matrices of one shape and format at once, each with its own rows (a MoE
-// layer's experts in a prefill chunk: one launch per step for the group instead of one per expert).
+// The large-batch form: the inputs rotated into fp16 [T, in_padded] (exl3_rotate_inputs), then their product with Ŵ
+// on the tensor cores, Ŵ decoded tile by tile in registers once per 64 rows (bit-exact with exl3::decode_rotated,
+// never stored), and rotated back into y [T, out_features] (exl3_trellis_gemm). Worth it when the GEMV would read the
+// trellis many times over. Each step takes a group of up to kExl3GroupMax matrices of one shape and format at once,
+// each with its own rows (a MoE layer's experts in a prefill chunk: one launch per step for the group instead of one
+// per expert).
 constexpr int kExl3GroupMax = 16;
 struct Exl3GroupMember {
   const uint32_t* trellis = nullptr;
@@ -94,9 +94,7 @@ struct Exl3GroupMember {
   const uint16_t* svh = nullptr;
   int64_t num_tokens = 0;
   const float* x = nullptr;           // [num_tokens, in_features]
-  uint16_t* decoded = nullptr;        // fp16 [in_padded, out_padded]
   uint16_t* rotated_x = nullptr;      // fp16 [num_tokens, in_padded]
-  const float* rotated_y = nullptr;   // [num_tokens, out_padded]
   float* y = nullptr;                 // [num_tokens, out_features]
 };
 struct Exl3Group {
@@ -104,8 +102,7 @@ struct Exl3Group {
   int count = 0;
 };
 // shape gives the members' size, bits and codebook (its pointers are not used).
-cudaError_t exl3_decode_rotated(const Exl3DeviceView& shape, const Exl3Group& group, cudaStream_t stream);
 cudaError_t exl3_rotate_inputs(const Exl3DeviceView& shape, const Exl3Group& group, cudaStream_t stream);
-cudaError_t exl3_rotate_outputs(const Exl3DeviceView& shape, const Exl3Group& group, cudaStream_t stream);
+cudaError_t exl3_trellis_gemm(const Exl3DeviceView& shape, const Exl3Group& group, cudaStream_t stream);
 
 }  // namespace kestrel::cuda
