@@ -1,6 +1,6 @@
 // CUDA linears against the CPU backend: the EXL3 tensor-core GEMV for every codebook and bitrate, shapes that need
 // padding on both dims, and token counts that fill and cross the 16-token pass; the dense GEMV for f32/f16/bf16 and
-// block-fp8 weights; the prefill-sized GEMM path (cuBLASLt) for bf16 and EXL3 weights. Without a GPU, only the error paths run (a device allocation must fail with a clear Error, not crash).
+// block-fp8 weights; the prefill-sized GEMM paths for bf16 (cuBLASLt) and EXL3 weights (Ŵ decoded once for cuBLASLt, or in registers). Without a GPU, only the error paths run (a device allocation must fail with a clear Error, not crash).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -35,6 +35,18 @@ std::vector<float> gpu_linear(const LinearWeight& weight, const std::vector<floa
   DeviceBuffer y_dev(static_cast<size_t>(tokens * weight.out_features) * sizeof(float));
   Scratch scratch;
   linear.forward(x_dev.as<float>(), tokens, y_dev.as<float>(), scratch, gemm, nullptr);
+  return testing::to_host(y_dev);
+}
+
+// The same through DeviceLinear::forward_jobs as a one-job list: an EXL3 matrix from gemm_min_tokens() takes the
+// in-register GEMM (exl3_trellis_gemm) there, where forward alone decodes Ŵ once for cuBLASLt.
+std::vector<float> gpu_job(const LinearWeight& weight, const std::vector<float>& x, int64_t tokens, Gemm& gemm) {
+  const DeviceLinear linear = DeviceLinear::upload(weight, device_info(0).sm_count);
+  const DeviceBuffer x_dev = testing::to_device(x);
+  DeviceBuffer y_dev(static_cast<size_t>(tokens * weight.out_features) * sizeof(float));
+  Scratch scratch;
+  const LinearJob jobs[] = {{.linear = &linear, .x = x_dev.as<float>(), .num_tokens = tokens, .y = y_dev.as<float>()}};
+  DeviceLinear::forward_jobs(jobs, scratch, &gemm, nullptr);
   return testing::to_host(y_dev);
 }
 
@@ -107,6 +119,27 @@ TEST(CudaLinearTest, Exl3WideMatrixWithLongSlicesMatchesCpu) {
   }
 }
 
+TEST(CudaLinearTest, Exl3DecodedOnTheGpuIsBitExactWithTheCpuDecoder) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  uint32_t seed = 40;
+  for (const Codebook codebook : {Codebook::inst3, Codebook::mcg, Codebook::mul1}) {
+    for (int bits = exl3::kMinBits; bits <= exl3::kMaxBits; ++bits) {
+      const RandomExl3Matrix m = random_exl3_matrix(300, 200, bits, codebook, ++seed);
+      std::vector<uint16_t> expected(static_cast<size_t>(m.in_padded * m.out_padded));
+      exl3::decode_rotated(m.trellis.data(), m.in_padded, m.out_padded, bits, codebook, expected.data());
+      const DeviceLinear linear = DeviceLinear::upload(m.weight(), device_info(0).sm_count);
+      DeviceBuffer decoded(expected.size() * sizeof(uint16_t));
+      Exl3Group group;
+      group.count = 1;
+      group.members[0] = Exl3GroupMember{.trellis = linear.exl3()->trellis, .decoded = decoded.as<uint16_t>()};
+      check(exl3_decode_rotated(*linear.exl3(), group, nullptr), "decode");
+      std::vector<uint16_t> got(expected.size());
+      decoded.download(got.data(), got.size() * sizeof(uint16_t));
+      EXPECT_EQ(got, expected) << exl3::codebook_name(codebook) << " bits " << bits;
+    }
+  }
+}
+
 TEST(CudaLinearTest, Exl3GemmPathMatchesCpuForEveryCodebookAndBitrate) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   Gemm gemm;
@@ -121,10 +154,13 @@ TEST(CudaLinearTest, Exl3GemmPathMatchesCpuForEveryCodebookAndBitrate) {
         const LinearWeight weight = m.weight();
         for (const int64_t tokens : {48, 53, 64, 97}) {
           const std::vector<float> x = random_values(static_cast<size_t>(tokens * in), seed + 100);
-          EXPECT_LT(relative_difference(gpu_linear(weight, x, tokens, &gemm), cpu_linear(weight, x, tokens)),
-                    kExl3Tolerance)
-              << "in " << in << " out " << out << " " << exl3::codebook_name(codebook) << " bits " << bits
-              << " tokens " << tokens;
+          const std::vector<float> expected = cpu_linear(weight, x, tokens);
+          EXPECT_LT(relative_difference(gpu_linear(weight, x, tokens, &gemm), expected), kExl3Tolerance)
+              << "decoded once: in " << in << " out " << out << " " << exl3::codebook_name(codebook) << " bits "
+              << bits << " tokens " << tokens;
+          EXPECT_LT(relative_difference(gpu_job(weight, x, tokens, gemm), expected), kExl3Tolerance)
+              << "in registers: in " << in << " out " << out << " " << exl3::codebook_name(codebook) << " bits "
+              << bits << " tokens " << tokens;
         }
       }
     }
@@ -132,8 +168,9 @@ TEST(CudaLinearTest, Exl3GemmPathMatchesCpuForEveryCodebookAndBitrate) {
   // GLM-5.3-Flash's expert down_proj, 4 bpw MCG, at a prefill chunk's worth of tokens.
   const RandomExl3Matrix m = random_exl3_matrix(4096, 2048, 4, Codebook::mcg, 99);
   const std::vector<float> x = random_values(300 * 2048, 5);
-  EXPECT_LT(relative_difference(gpu_linear(m.weight(), x, 300, &gemm), cpu_linear(m.weight(), x, 300)),
-            kExl3Tolerance);
+  const std::vector<float> expected = cpu_linear(m.weight(), x, 300);
+  EXPECT_LT(relative_difference(gpu_linear(m.weight(), x, 300, &gemm), expected), kExl3Tolerance);
+  EXPECT_LT(relative_difference(gpu_job(m.weight(), x, 300, gemm), expected), kExl3Tolerance);
 }
 
 // DeviceLinear::forward_jobs: 24 EXL3 matrices, 20 of one format at GEMM-sized token counts (48 to 347 rows, most not

@@ -15,6 +15,11 @@ namespace {
 // per 8 tokens, an EXL3 pass decodes the trellis once per 16.
 constexpr int64_t kDenseGemmMinTokens = 32;
 constexpr int64_t kExl3GemmMinTokens = 48;
+// One EXL3 matrix on the GEMM path decodes its Ŵ once into scratch for cuBLASLt where that fits: alone, it has too
+// few column blocks for the in-register GEMM to fill the GPU (4096 -> 2048 at 1,024 tokens: 67.9 µs decoded once on
+// an H100, run 13, against 93 in registers, run 45). Larger matrices (an EXL3 lm_head: 1.3 GB in fp16) take the
+// in-register GEMM, so that no token count grows the scratch past what the memory plan leaves.
+constexpr int64_t kExl3DecodeOnceMaxBytes = int64_t{256} << 20;
 
 // Bytes rounded up to a whole number of 256-byte units (scratch regions carved from one buffer stay aligned).
 size_t aligned_floats(size_t bytes) { return (bytes + 255) / 256 * 64; }
@@ -186,7 +191,9 @@ void DeviceLinear::forward_as_gemm(const float* x, int64_t num_tokens, float* y,
                                    cudaStream_t stream) const {
   require(exl3_ || dense_type_ == DenseWeightType::bf16, "'{}': no GEMM path for {} weights", name_,
           dense_type_ == DenseWeightType::f8_e4m3 ? "fp8" : "f32/f16");
-  if (exl3_) {
+  if (exl3_ && view_.in_padded * view_.out_padded * 2 <= kExl3DecodeOnceMaxBytes) {
+    exl3_decoded_gemm(x, num_tokens, y, scratch, gemm, stream);
+  } else if (exl3_) {
     const LinearJob job{.linear = this, .x = x, .num_tokens = num_tokens, .y = y};
     const LinearJob* const jobs[] = {&job};
     exl3_gemm_groups(jobs, scratch, stream);
@@ -274,6 +281,33 @@ void DeviceLinear::exl3_gemm_groups(std::span<const LinearJob* const> jobs, Scra
     check(exl3_rotate_inputs(shape, group, stream), "EXL3 input rotation launch");
     check(exl3_trellis_gemm(shape, group, stream), "EXL3 GEMM launch");
   }
+}
+
+void DeviceLinear::exl3_decoded_gemm(const float* x, int64_t num_tokens, float* y, Scratch& scratch, Gemm& gemm,
+                                     cudaStream_t stream) const {
+  const auto k = static_cast<size_t>(view_.in_padded), n = static_cast<size_t>(view_.out_padded),
+             rows = static_cast<size_t>(num_tokens);
+  // Scratch: Ŵ fp16 [in_padded, out_padded], the rotated inputs fp16 [T, in_padded], the product [T, out_padded].
+  const size_t w_floats = aligned_floats(k * n * 2), x_floats = aligned_floats(rows * k * 2);
+  float* decoded = scratch.floats(w_floats + x_floats + aligned_floats(rows * n * 4));
+  float* rotated_x = decoded + w_floats;
+  float* product = rotated_x + x_floats;
+  Exl3Group group;
+  group.count = 1;
+  group.members[0] = Exl3GroupMember{.trellis = view_.trellis,
+                                     .suh = view_.suh,
+                                     .svh = view_.svh,
+                                     .num_tokens = num_tokens,
+                                     .x = x,
+                                     .rotated_x = reinterpret_cast<uint16_t*>(rotated_x),
+                                     .y = y,
+                                     .decoded = reinterpret_cast<uint16_t*>(decoded),
+                                     .rotated_y = product};
+  check(exl3_decode_rotated(view_, group, stream), "EXL3 decode launch");
+  check(exl3_rotate_inputs(view_, group, stream), "EXL3 input rotation launch");
+  gemm.run(GemmInput::f16, rotated_x, num_tokens, view_.in_padded, decoded, GemmWeights::rows_are_inputs,
+           view_.out_padded, product, stream);
+  check(exl3_rotate_outputs(view_, group, stream), "EXL3 output rotation launch");
 }
 
 void DeviceLinear::gather_rows(const int32_t* ids, int64_t num_tokens, float* out, cudaStream_t stream) const {

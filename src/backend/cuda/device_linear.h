@@ -1,8 +1,9 @@
 // A checkpoint matrix (LinearWeight) copied to GPU memory in its on-disk format, with the kernels that apply it:
 // the EXL3 trellis GEMV for EXL3 matrices, the dense GEMV for f32/f16/bf16 and block-fp8 (its scale grid kept as
-// float32); for prefill-sized token counts, a tensor-core GEMM for bf16 (cuBLASLt, gemm.h) and EXL3 matrices
-// (exl3_trellis_gemm, decoding in registers), which reads the weights once per call or per 64 tokens where the GEMV
-// would read them once per pass of 8 or 16 tokens.
+// float32); for prefill-sized token counts, a tensor-core GEMM for bf16 (cuBLASLt, gemm.h) and EXL3 matrices (Ŵ
+// decoded once for cuBLASLt, or exl3_trellis_gemm decoding in registers for job lists and matrices too large to
+// decode), which reads the weights once per call or per 64 or 128 tokens where the GEMV would read them once per pass
+// of 8 or 16 tokens.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -96,7 +97,10 @@ private:
   // activations to within the float32 sum's rounding (the tensor-core GEMV splits x the same way).
   void bf16_gemm_terms(const uint16_t* high, const uint16_t* low, int64_t num_tokens, float* y, Gemm& gemm,
                        cudaStream_t stream) const;
-  // The EXL3 large-batch steps for jobs of one shape and format, in groups.
+  // One EXL3 matrix's GEMM with Ŵ decoded once into scratch (exl3_kernels.h's decode-once form).
+  void exl3_decoded_gemm(const float* x, int64_t num_tokens, float* y, Scratch& scratch, Gemm& gemm,
+                         cudaStream_t stream) const;
+  // The EXL3 in-register GEMM's steps for jobs of one shape and format, in groups.
   static void exl3_gemm_groups(std::span<const LinearJob* const> jobs, Scratch& scratch, cudaStream_t stream);
 
   std::string name_;

@@ -436,6 +436,33 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) trellis_gemm(Exl3Group gr
   }
 }
 
+// The decode-once form's Ŵ: one warp per tile (the record index is the tile's), lane l's states 8l..8l+7 at
+// exl3::tile_coord's places, each the fp16 sum of its codebook word's halves (as exl3::decode_state). Grid y is the
+// group's member.
+template <int Bits, int Codebook>
+__global__ void __launch_bounds__(32 * kWarpsPerBlock) decode_tiles(Exl3Group group, int64_t tiles,
+                                                                     int64_t tiles_n) {
+  constexpr int kStreamBits = 256 * Bits, kWords = 8 * Bits;
+  const int lane = static_cast<int>(threadIdx.x & 31u);
+  const int64_t tile = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  if (tile >= tiles) return;
+  const Exl3GroupMember& member = group.members[blockIdx.y];
+  __half* out = reinterpret_cast<__half*>(member.decoded);
+  const int first_bit = (8 * lane + 1) * Bits - 16 + kStreamBits;
+  uint32_t raw[kLaneWords<Bits>];
+  load_tile<Bits>(member.trellis + tile * kWords, lane, (first_bit >> 5) % kWords, raw);
+  uint32_t w[8];
+  lane_codebook_words<Bits, Codebook>(raw, lane, first_bit & 31, w);
+  const int64_t n = tiles_n * 16;
+  __half* corner = out + (tile / tiles_n * 16) * n + tile % tiles_n * 16;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const int row = 2 * (lane % 4) + (j & 1) + ((j & 2) ? 8 : 0), col = lane / 4 + ((j & 4) ? 8 : 0);
+    corner[row * n + col] = __hadd(__ushort_as_half(static_cast<unsigned short>(w[j] & 0xFFFFu)),
+                                   __ushort_as_half(static_cast<unsigned short>(w[j] >> 16)));
+  }
+}
+
 // The rotations' work split: one warp per (token, 128-element block of a `padded`-wide row); lane l takes elements
 // base..base+3 of row t. False for the warps past the last job.
 __device__ __forceinline__ bool rotation_job(int64_t padded, int64_t num_tokens, int64_t& t, int64_t& base) {
@@ -462,6 +489,24 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) rotate_inputs(Exl3Group g
   }
   hadamard128_warp(v);
   for (int j = 0; j < 4; ++j) out[t * in_padded + base + j] = __float2half_rn(v[j]);
+}
+
+// Per member (grid y): y[t] = (rotated_y[t]·H128 ⊙ svh) per block, the first out_features columns.
+__global__ void __launch_bounds__(32 * kWarpsPerBlock) rotate_outputs(Exl3Group group, int64_t out_features,
+                                                                       int64_t out_padded) {
+  const Exl3GroupMember& member = group.members[blockIdx.y];
+  const float* rotated = member.rotated_y;
+  const uint16_t* svh = member.svh;
+  float* y = member.y;
+  int64_t t = 0, base = 0;
+  if (!rotation_job(out_padded, member.num_tokens, t, base)) return;
+  float v[4];
+  for (int j = 0; j < 4; ++j) v[j] = rotated[t * out_padded + base + j];
+  hadamard128_warp(v);
+  for (int j = 0; j < 4; ++j) {
+    const int64_t o = base + j;
+    if (o < out_features) y[t * out_features + o] = v[j] * __half2float(__ushort_as_half(svh[o]));
+  }
 }
 
 template <int Bits, int Codebook, int Groups>
@@ -613,12 +658,36 @@ cudaError_t exl3_slot_linear(const Exl3DeviceView& shape, const Exl3Plan& plan, 
   return cudaGetLastError();
 }
 
-cudaError_t exl3_rotate_inputs(const Exl3DeviceView& m, const Exl3Group& group, cudaStream_t stream) {
+// A rotation kernel over the members' rows, `padded` wide: one warp per (token, 128-element block), grid y the
+// member (warps past a member's rows return).
+template <typename Kernel, typename... Args>
+cudaError_t launch_rotation(const Exl3DeviceView& m, const Exl3Group& group, int64_t padded, cudaStream_t stream,
+                            Kernel kernel, Args... args) {
   if (!launchable(m) || !valid_group(group)) return cudaErrorInvalidValue;
   const int64_t rows = most_tokens(group);
   if (rows == 0) return cudaSuccess;
-  const dim3 grid(warp_blocks(m.in_padded / 128 * rows), static_cast<unsigned>(group.count));
-  rotate_inputs<<<grid, 32 * kWarpsPerBlock, 0, stream>>>(group, m.in_features, m.in_padded);
+  const dim3 grid(warp_blocks(padded / 128 * rows), static_cast<unsigned>(group.count));
+  kernel<<<grid, 32 * kWarpsPerBlock, 0, stream>>>(group, args...);
+  return cudaGetLastError();
+}
+
+cudaError_t exl3_rotate_inputs(const Exl3DeviceView& m, const Exl3Group& group, cudaStream_t stream) {
+  return launch_rotation(m, group, m.in_padded, stream, rotate_inputs, m.in_features, m.in_padded);
+}
+
+cudaError_t exl3_rotate_outputs(const Exl3DeviceView& m, const Exl3Group& group, cudaStream_t stream) {
+  return launch_rotation(m, group, m.out_padded, stream, rotate_outputs, m.out_features, m.out_padded);
+}
+
+cudaError_t exl3_decode_rotated(const Exl3DeviceView& m, const Exl3Group& group, cudaStream_t stream) {
+  if (!launchable(m) || !valid_group(group)) return cudaErrorInvalidValue;
+  if (group.count == 0) return cudaSuccess;
+  const int64_t tiles_n = m.out_padded / 16, tiles = m.in_padded / 16 * tiles_n;
+  const dim3 grid(warp_blocks(tiles), static_cast<unsigned>(group.count));
+  with_format(m.bits, m.codebook, [&](auto bits, auto codebook) {
+    decode_tiles<decltype(bits)::value, decltype(codebook)::value><<<grid, 32 * kWarpsPerBlock, 0, stream>>>(
+        group, tiles, tiles_n);
+  });
   return cudaGetLastError();
 }
 

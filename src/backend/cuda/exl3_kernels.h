@@ -81,12 +81,15 @@ cudaError_t exl3_slot_linear(const Exl3DeviceView& shape, const Exl3Plan& plan, 
                              int64_t slots, const Exl3SlotInput& input, float* y, float* scratch, unsigned* counters,
                              cudaStream_t stream);
 
-// The large-batch form: the inputs rotated into fp16 [T, in_padded] (exl3_rotate_inputs), then their product with Ŵ
-// on the tensor cores, Ŵ decoded tile by tile in registers once per 64 rows (bit-exact with exl3::decode_rotated,
-// never stored), and rotated back into y [T, out_features] (exl3_trellis_gemm). Worth it when the GEMV would read the
-// trellis many times over. Each step takes a group of up to kExl3GroupMax matrices of one shape and format at once,
-// each with its own rows (a MoE layer's experts in a prefill chunk: one launch per step for the group instead of one
-// per expert).
+// The large-batch forms, both after the inputs are rotated into fp16 [T, in_padded] (exl3_rotate_inputs):
+//  - in registers (exl3_trellis_gemm): the product with Ŵ on the tensor cores, Ŵ decoded tile by tile in registers
+//    once per 64 or 128 rows (the fp16 sums exl3::decode_rotated makes, never stored), rotated back into y; for
+//    matrices with a few hundred rows each, such as a MoE layer's experts in a prefill chunk, a group at a time;
+//  - decoded once (exllamav3 reconstructs too): Ŵ into fp16 [in_padded, out_padded] (exl3_decode_rotated, bit-exact
+//    with exl3::decode_rotated), the product by cuBLASLt (gemm.h) into rotated_y, rotated back by
+//    exl3_rotate_outputs; for one matrix with many rows, whose Ŵ fits in scratch.
+// Each step takes a group of up to kExl3GroupMax matrices of one shape and format at once, each with its own rows
+// (one launch per step for the group instead of one per matrix).
 constexpr int kExl3GroupMax = 16;
 struct Exl3GroupMember {
   const uint32_t* trellis = nullptr;
@@ -96,6 +99,8 @@ struct Exl3GroupMember {
   const float* x = nullptr;           // [num_tokens, in_features]
   uint16_t* rotated_x = nullptr;      // fp16 [num_tokens, in_padded]
   float* y = nullptr;                 // [num_tokens, out_features]
+  uint16_t* decoded = nullptr;        // decoded once: fp16 [in_padded, out_padded]
+  const float* rotated_y = nullptr;   // decoded once: the product, [num_tokens, out_padded]
 };
 struct Exl3Group {
   Exl3GroupMember members[kExl3GroupMax];
@@ -104,5 +109,7 @@ struct Exl3Group {
 // shape gives the members' size, bits and codebook (its pointers are not used).
 cudaError_t exl3_rotate_inputs(const Exl3DeviceView& shape, const Exl3Group& group, cudaStream_t stream);
 cudaError_t exl3_trellis_gemm(const Exl3DeviceView& shape, const Exl3Group& group, cudaStream_t stream);
+cudaError_t exl3_decode_rotated(const Exl3DeviceView& shape, const Exl3Group& group, cudaStream_t stream);
+cudaError_t exl3_rotate_outputs(const Exl3DeviceView& shape, const Exl3Group& group, cudaStream_t stream);
 
 }  // namespace kestrel::cuda
