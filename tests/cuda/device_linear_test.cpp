@@ -1,6 +1,8 @@
 // CUDA linears against the CPU backend: the EXL3 tensor-core GEMV for every codebook and bitrate, shapes that need
 // padding on both dims, and token counts that fill and cross the 16-token pass; the dense GEMV for f32/f16/bf16 and
-// block-fp8 weights; the prefill-sized GEMM paths for bf16 (cuBLASLt) and EXL3 weights (Ŵ decoded once for cuBLASLt, or in registers). Without a GPU, only the error paths run (a device allocation must fail with a clear Error, not crash).
+// block-fp8 weights; the prefill-sized GEMM paths for bf16 (cuBLASLt) and EXL3 weights (Ŵ decoded once for cuBLASLt,
+// or in registers). Without a GPU, only the error paths run (a device allocation must fail with a clear Error, not
+// crash).
 #include <gtest/gtest.h>
 
 #include <algorithm>

@@ -261,9 +261,12 @@ void DeviceLinear::exl3_gemm_groups(std::span<const LinearJob* const> jobs, Scra
   for (size_t first = 0; first < sorted.size(); first += kExl3GroupMax) {
     const size_t count = std::min<size_t>(kExl3GroupMax, sorted.size() - first);
     // Scratch: each member's rotated inputs, fp16 [rows, in_padded].
-    size_t x_floats = 0;
-    for (size_t i = 0; i < count; ++i) x_floats += aligned_floats(static_cast<size_t>(sorted[first + i]->num_tokens) * k * 2);
-    float* rotated_x = scratch.floats(x_floats);
+    const auto x_floats = [&](const LinearJob* job) {
+      return aligned_floats(static_cast<size_t>(job->num_tokens) * k * 2);
+    };
+    size_t group_floats = 0;
+    for (size_t i = 0; i < count; ++i) group_floats += x_floats(sorted[first + i]);
+    float* rotated_x = scratch.floats(group_floats);
     Exl3Group group;
     group.count = static_cast<int>(count);
     for (size_t i = 0; i < count; ++i) {
@@ -276,7 +279,7 @@ void DeviceLinear::exl3_gemm_groups(std::span<const LinearJob* const> jobs, Scra
                                          .x = job.x,
                                          .rotated_x = reinterpret_cast<uint16_t*>(rotated_x),
                                          .y = job.y};
-      rotated_x += aligned_floats(static_cast<size_t>(job.num_tokens) * k * 2);
+      rotated_x += x_floats(&job);
     }
     check(exl3_rotate_inputs(shape, group, stream), "EXL3 input rotation launch");
     check(exl3_trellis_gemm(shape, group, stream), "EXL3 GEMM launch");
