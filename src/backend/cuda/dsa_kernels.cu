@@ -629,9 +629,11 @@ __global__ void __launch_bounds__(kThreads) project_merged_kernel(SparseMlaDevic
 // ---- Prefill attention on the tensor cores ----
 
 // A block per (token, 64 heads), 16 warps; q̂ (already scaled by the softmax scale) and the latent rows in fp16,
-// products and softmax in float32. Each step stages 32 of the token's latent rows (cp.async, float32, the next step's
-// in flight during this one's products), converts them to fp16, then: scores S[64 heads, 32 rows] = q̂ Lᵀ, warp w
-// the 16x8 tile (heads 16 (w % 4), rows 8 (w / 4)); the online softmax, 8 threads a head; the output
+// products and softmax in float32. The token's selected rows' addresses are looked up once into shared memory (per
+// staged vector, each lookup's two dependent loads and 64-bit division had the attention of an 8k prompt at 29.0 ms
+// against 19.5, H100, run 51). Each step stages 32 of the token's latent rows (cp.async, float32, the next step's in
+// flight during this one's products), converts them to fp16, then: scores S[64 heads, 32 rows] = q̂ Lᵀ, warp w the
+// 16x8 tile (heads 16 (w % 4), rows 8 (w / 4)); the online softmax, 8 threads a head; the output
 // acc[64 heads, rank] += P L, warp w heads 16 (w % 4) and ranks (w / 4) rank/4, its accumulators in registers across
 // steps. fp16 rows are padded by 16 bytes so that ldmatrix's eight row addresses fall in distinct banks.
 constexpr int kMmaHeads = 64;
@@ -654,6 +656,13 @@ struct MmaLayout {
   static constexpr size_t bytes = q_bytes + rows_bytes + stage_bytes + score_bytes + prob_bytes + 3 * kMmaHeads * 4;
 };
 
+// The block's shared memory with the token's selected rows' addresses (looked up once, not once per step: the
+// lookups are two dependent loads and a 64-bit division each).
+template <int kRank>
+constexpr size_t mma_shared_bytes(int64_t positions_stride) {
+  return MmaLayout<kRank>::bytes + static_cast<size_t>(positions_stride) * sizeof(const float*);
+}
+
 __device__ __forceinline__ uint32_t half2_bits(__half2 h) { return *reinterpret_cast<uint32_t*>(&h); }
 
 template <int kRank>
@@ -672,6 +681,7 @@ __global__ void __launch_bounds__(kMmaThreads, 1) sparse_mla_mma_kernel(SparseMl
   float* row_max = reinterpret_cast<float*>(probs + kMmaHeads * Layout::prob_pitch);
   float* row_total = row_max + kMmaHeads;
   float* row_rescale = row_total + kMmaHeads;
+  const float** row_sources = reinterpret_cast<const float**>(base + Layout::bytes);  // [count]
 
   const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
   const int64_t t = blockIdx.x;
@@ -691,11 +701,13 @@ __global__ void __launch_bounds__(kMmaThreads, 1) sparse_mla_mma_kernel(SparseMl
 
   const int count = a.counts[t];
   const int32_t* positions = a.positions + t * a.positions_stride;
+  for (int i = tid; i < count; i += kMmaThreads) row_sources[i] = latent_row(a, t, positions[i]);
+  __syncthreads();
   const auto stage_rows = [&](int first) {
     for (int i = tid; i < kStageVectors; i += kMmaThreads) {
       const int row = i / (kRank / 4), column = i % (kRank / 4);
       const bool valid = first + row < count;  // rows past the token's last are zeros
-      const float* source = valid ? latent_row(a, t, positions[first + row]) + column * 4 : a.latents.pool;
+      const float* source = valid ? row_sources[first + row] + column * 4 : a.latents.pool;
       copy_async_16(stage + row * kRank + column * 4, source, valid);
     }
     copy_async_commit();
@@ -814,7 +826,7 @@ __global__ void __launch_bounds__(kMmaThreads, 1) sparse_mla_mma_kernel(SparseMl
 
 template <int kRank>
 cudaError_t launch_mma_kernel(const SparseMlaDeviceArgs& a, __half* qhat, cudaStream_t stream) {
-  const size_t shared = MmaLayout<kRank>::bytes;
+  const size_t shared = mma_shared_bytes<kRank>(a.positions_stride);
   if (const cudaError_t status = allow_shared(sparse_mla_mma_kernel<kRank>, shared); status != cudaSuccess) {
     return status;
   }
@@ -975,7 +987,10 @@ cudaError_t sparse_mla_attention(const SparseMlaDeviceArgs& a, cudaStream_t stre
 
 bool sparse_mla_mma_supported(int64_t num_tokens, int64_t num_heads, int64_t positions_stride, int64_t kv_lora_rank) {
   const bool rank_compiled = kv_lora_rank == 64 || kv_lora_rank == 128 || kv_lora_rank == 256 || kv_lora_rank == 512;
-  return rank_compiled && num_tokens > 0 && sparse_mla_splits(num_tokens, num_heads, positions_stride) == 1;
+  // The row addresses must fit beside the rank-512 layout in the 227 KiB an sm_90 block may opt into.
+  const bool addresses_fit = positions_stride >= 0 && mma_shared_bytes<512>(positions_stride) <= 227 * 1024;
+  return rank_compiled && addresses_fit && num_tokens > 0 &&
+         sparse_mla_splits(num_tokens, num_heads, positions_stride) == 1;
 }
 
 cudaError_t sparse_mla_mma_attend(const SparseMlaDeviceArgs& a, void* qhat, cudaStream_t stream) {
