@@ -67,6 +67,7 @@ DeviceLinear DeviceLinear::upload(const LinearWeight& weight, int sm_count) {
                                   .in_padded = m.in_padded,
                                   .out_padded = m.out_padded};
     linear.plan_ = exl3_plan(linear.view_, sm_count);
+    linear.sm_count_ = sm_count;
     linear.counters_ = DeviceBuffer(exl3_counter_count(linear.view_) * sizeof(unsigned));
     linear.counters_.zero();
     linear.weight_bytes_ = trellis_bytes + static_cast<size_t>(m.in_padded + m.out_padded) * 2;
@@ -282,7 +283,7 @@ void DeviceLinear::exl3_gemm_groups(std::span<const LinearJob* const> jobs, Scra
       rotated_x += x_floats(&job);
     }
     check(exl3_rotate_inputs(shape, group, stream), "EXL3 input rotation launch");
-    check(exl3_trellis_gemm(shape, group, stream), "EXL3 GEMM launch");
+    check(exl3_trellis_gemm(shape, group, jobs.front()->linear->sm_count_, stream), "EXL3 GEMM launch");
   }
 }
 

@@ -46,7 +46,7 @@ struct LinearJob {
 
 class DeviceLinear {
 public:
-  // Copies `weight` to the current device; `sm_count` sizes the EXL3 k-split.
+  // Copies `weight` to the current device; `sm_count` sizes the EXL3 k-split and the EXL3 GEMM's block rows.
   static DeviceLinear upload(const LinearWeight& weight, int sm_count);
 
   // y[T, out_features] = x[T, in_features] W^T; x and y are float32 device memory. With a usable `gemm`, token
@@ -113,6 +113,7 @@ private:
   bool exl3_ = false;
   Exl3DeviceView view_;
   Exl3Plan plan_;
+  int sm_count_ = 1;  // the device's, for the EXL3 GEMM's block rows
   DenseWeightType dense_type_ = DenseWeightType::f32;
 };
 

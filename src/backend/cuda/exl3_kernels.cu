@@ -691,19 +691,16 @@ cudaError_t exl3_decode_rotated(const Exl3DeviceView& m, const Exl3Group& group,
   return cudaGetLastError();
 }
 
-cudaError_t exl3_trellis_gemm(const Exl3DeviceView& m, const Exl3Group& group, cudaStream_t stream) {
+cudaError_t exl3_trellis_gemm(const Exl3DeviceView& m, const Exl3Group& group, int sm_count, cudaStream_t stream) {
   if (!launchable(m) || !valid_group(group)) return cudaErrorInvalidValue;
   const int64_t rows = most_tokens(group);
   if (rows == 0) return cudaSuccess;
   // 128-row blocks where they still give every SM a block (an H100 sweep, docs/benchmarks/cuda_linear.md: 4096 ->
   // 2048 at 4,096 tokens 287 against 350 µs, at 256 tokens 81 against 57).
-  int device = 0, sm_count = 1;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
-    return cudaGetLastError();
-  }
   int64_t long_blocks = 0;
-  for (int i = 0; i < group.count; ++i) long_blocks += (group.members[i].num_tokens + 127) / 128 * (m.out_padded / 128);
+  for (int i = 0; i < group.count; ++i) {
+    long_blocks += (group.members[i].num_tokens + 127) / 128 * (m.out_padded / 128);
+  }
   const bool long_rows = long_blocks >= sm_count;
   const int64_t block_rows = long_rows ? 128 : 64;
   const dim3 grid(static_cast<unsigned>((rows + block_rows - 1) / block_rows),

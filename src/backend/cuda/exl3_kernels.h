@@ -108,7 +108,8 @@ struct Exl3Group {
 };
 // shape gives the members' size, bits and codebook (its pointers are not used).
 cudaError_t exl3_rotate_inputs(const Exl3DeviceView& shape, const Exl3Group& group, cudaStream_t stream);
-cudaError_t exl3_trellis_gemm(const Exl3DeviceView& shape, const Exl3Group& group, cudaStream_t stream);
+// sm_count (the device's) chooses the block rows: 128 where that still gives every SM a block, else 64.
+cudaError_t exl3_trellis_gemm(const Exl3DeviceView& shape, const Exl3Group& group, int sm_count, cudaStream_t stream);
 cudaError_t exl3_decode_rotated(const Exl3DeviceView& shape, const Exl3Group& group, cudaStream_t stream);
 cudaError_t exl3_rotate_outputs(const Exl3DeviceView& shape, const Exl3Group& group, cudaStream_t stream);
 
