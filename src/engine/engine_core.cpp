@@ -6,6 +6,7 @@
 
 #include "base/error.h"
 #include "base/log.h"
+#include "base/thread_pool.h"
 #include "engine/sampler.h"
 
 namespace kestrel {
@@ -116,14 +117,30 @@ void EngineCore::step() {
   std::vector<std::optional<SampledToken>> sampled(output.chunks.size());
   try {
     std::vector<std::vector<float>> logits = runner_.execute(output);
+    std::vector<size_t> sampling;
     for (size_t i = 0; i < output.chunks.size(); ++i) {
-      if (logits[i].empty()) continue;
-      const Request& request = *output.chunks[i].request;
-      sampled[i] = sample_token(logits[i], SamplingInput{.params = request.params,
-                                                         .prompt = request.prompt(),
-                                                         .output = request.output(),
-                                                         .eos_token_ids = config_.eos_token_ids,
-                                                         .rng = output.chunks[i].request->rng});
+      if (!logits[i].empty()) sampling.push_back(i);
+    }
+    // The sequences draw in parallel (a draw over a large vocabulary is a millisecond of work): each depends only on
+    // its request's logits, tokens and generator, so the tokens do not depend on the threads.
+    std::vector<std::exception_ptr> failures(sampling.size());
+    ThreadPool::global().parallel_for(static_cast<int64_t>(sampling.size()), [&](int64_t begin, int64_t end) {
+      for (int64_t k = begin; k < end; ++k) {
+        const size_t i = sampling[static_cast<size_t>(k)];
+        Request& request = *output.chunks[i].request;
+        try {
+          sampled[i] = sample_token(logits[i], SamplingInput{.params = request.params,
+                                                             .prompt = request.prompt(),
+                                                             .output = request.output(),
+                                                             .eos_token_ids = config_.eos_token_ids,
+                                                             .rng = request.rng});
+        } catch (...) {
+          failures[static_cast<size_t>(k)] = std::current_exception();
+        }
+      }
+    });
+    for (const std::exception_ptr& failure : failures) {
+      if (failure) std::rethrow_exception(failure);
     }
   } catch (const std::exception& e) {
     log_line(LogLevel::error, fmt::format("engine step failed: {}", e.what()));

@@ -1,6 +1,8 @@
 #include "engine/sampler.h"
 
 #include <algorithm>
+#include <bit>
+#include <functional>
 #include <cmath>
 #include <limits>
 #include <numeric>
@@ -62,52 +64,131 @@ void apply_penalties(std::span<float> logits, const SamplingInput& in) {
 
 int32_t argmax(std::span<const float> logits) {
   int32_t best = 0;
+  float best_logit = logits[0];
   for (size_t i = 1; i < logits.size(); ++i) {
-    if (logits[i] > logits[static_cast<size_t>(best)]) best = static_cast<int32_t>(i);
+    if (logits[i] > best_logit) {
+      best_logit = logits[i];
+      best = static_cast<int32_t>(i);
+    }
   }
   return best;
 }
 
-// Temperature, min_p, top_k, top_p, then one draw.
+// The largest logit, NaN ignored (so never kept). Not inlined: inside sample_random, g++ 12 kept the running maximum
+// in memory, a store and a load per element (a fifth of a draw's time).
+[[gnu::noinline]] float largest_logit(std::span<const float> logits) {
+  float largest = kMinusInfinity;
+  for (const float l : logits) largest = l > largest ? l : largest;
+  return largest;
+}
+
+// A token's place in the ranking as one integer, larger ranking first: the logit's bits made monotonic (-0 as +0, so
+// that equal logits tie), then the id inverted (ties go to the lower id). Sorting these needs no lookups.
+uint64_t rank_key(float logit, int32_t id) {
+  const uint32_t bits = std::bit_cast<uint32_t>(logit == 0.0f ? 0.0f : logit);
+  const uint32_t ordered = (bits & 0x80000000u) != 0 ? ~bits : bits | 0x80000000u;
+  return (static_cast<uint64_t>(ordered) << 32) | ~static_cast<uint32_t>(id);
+}
+
+int32_t id_of(uint64_t key) { return static_cast<int32_t>(~static_cast<uint32_t>(key)); }
+
+// The kept tokens, put in ranking order only as far as a walk from the most likely one reaches. The first step
+// takes the tokens within kHeadLogits of the most likely (a partition, no comparisons of ranks) and sorts them when
+// they are few, which for a peaked distribution is where the walk ends; each later step moves the next run into place
+// with nth_element and sorts that run. Every prefix is the full sort's (the keys are distinct), so the draw is the
+// one a full sort would give, at a cost that follows the distribution's head rather than the vocabulary (a full
+// sort of 154,880 tokens took 22 ms a token).
+class RankedTokens {
+public:
+  RankedTokens(std::vector<uint64_t>& keys, float max_logit) : keys_(keys), head_(rank_key(max_logit - kHeadLogits, -1)) {}
+
+  size_t size() const { return keys_.size(); }
+  // The id of rank i (0 = most likely).
+  int32_t at(size_t i) {
+    if (i >= ranked_) rank_through(i + 1);
+    return id_of(keys_[i]);
+  }
+
+private:
+  static constexpr float kHeadLogits = 8.0f;  // the head's tokens weigh at least e^-8 of the most likely's
+  static constexpr size_t kSmallHead = 4096, kFirstRun = 1024;
+
+  void rank_through(size_t needed) {
+    const auto first = keys_.begin() + static_cast<std::ptrdiff_t>(ranked_);
+    if (ranked_ == 0) {
+      const auto head_end = std::partition(keys_.begin(), keys_.end(), [&](uint64_t key) { return key > head_; });
+      const auto head = static_cast<size_t>(head_end - keys_.begin());
+      if (head >= needed && head <= kSmallHead) {
+        std::sort(keys_.begin(), head_end, std::greater<>());
+        ranked_ = head;
+        return;
+      }
+    }
+    const size_t count = std::min(std::max({needed, kFirstRun, 4 * ranked_}), keys_.size());
+    const auto last = keys_.begin() + static_cast<std::ptrdiff_t>(count);
+    if (last != keys_.end()) std::nth_element(first, last, keys_.end(), std::greater<>());
+    std::sort(first, last, std::greater<>());
+    ranked_ = count;
+  }
+
+  std::vector<uint64_t>& keys_;
+  uint64_t head_;  // keys above it are the head's
+  size_t ranked_ = 0;
+};
+
+// Temperature, min_p, top_k, top_p, then one draw. A token's weight is exp(l - l_max); the kept tokens' total is summed
+// in id order, and the top_p prefix and the draw walk the tokens from the most likely down.
 int32_t sample_random(std::span<float> logits, const SamplingParams& p, std::mt19937_64& rng) {
-  for (float& l : logits) l /= p.temperature;
-  const float max_logit = *std::max_element(logits.begin(), logits.end());
+  if (p.temperature != 1.0f) {
+    for (float& l : logits) l /= p.temperature;
+  }
+  const float max_logit = largest_logit(logits);
   if (max_logit == kMinusInfinity) return 0;
+  // In float (a draw needs no more), summed in double.
+  const auto weight = [logits, max_logit](int32_t id) {
+    return static_cast<double>(std::exp(logits[static_cast<size_t>(id)] - max_logit));
+  };
   // min_p: p_i >= min_p * p_max, i.e. l_i - l_max >= log(min_p).
-  const float floor = p.min_p > 0.0f ? max_logit + std::log(p.min_p) : kMinusInfinity;
-  std::vector<int32_t> kept;
-  for (size_t i = 0; i < logits.size(); ++i) {
-    if (logits[i] > kMinusInfinity && logits[i] >= floor) kept.push_back(static_cast<int32_t>(i));
-  }
-  const auto ranking = [&](int32_t a, int32_t b) { return ranks_before(logits, a, b); };
-  if (p.top_k > 0 && p.top_k < static_cast<int64_t>(kept.size())) {
-    std::nth_element(kept.begin(), kept.begin() + (p.top_k - 1), kept.end(), ranking);
-    const float kth = logits[static_cast<size_t>(kept[static_cast<size_t>(p.top_k - 1)])];
-    std::erase_if(kept, [&](int32_t id) { return logits[static_cast<size_t>(id)] < kth; });
-  }
-  std::sort(kept.begin(), kept.end(), ranking);
-  std::vector<double> weights(kept.size());
+  float threshold = p.min_p > 0.0f ? max_logit + std::log(p.min_p) : kMinusInfinity;
+  thread_local std::vector<uint64_t> kept;  // the vocabulary's worth, kept from call to call
   double total = 0.0;
-  for (size_t i = 0; i < kept.size(); ++i) {
-    weights[i] = std::exp(static_cast<double>(logits[static_cast<size_t>(kept[i])]) - max_logit);
-    total += weights[i];
+  const auto keep_from_threshold = [&](bool weigh) {
+    kept.clear();
+    total = 0.0;
+    for (size_t i = 0; i < logits.size(); ++i) {
+      if (logits[i] > kMinusInfinity && logits[i] >= threshold) {
+        kept.push_back(rank_key(logits[i], static_cast<int32_t>(i)));
+        if (weigh) total += weight(static_cast<int32_t>(i));
+      }
+    }
+  };
+  keep_from_threshold(p.top_k <= 0);
+  if (p.top_k > 0) {
+    if (p.top_k < static_cast<int64_t>(kept.size())) {
+      // top_k keeps the tokens at least as likely as the k-th (ties with it included).
+      const auto kth = kept.begin() + (p.top_k - 1);
+      std::nth_element(kept.begin(), kth, kept.end(), std::greater<>());
+      threshold = logits[static_cast<size_t>(id_of(*kth))];
+    }
+    keep_from_threshold(true);
   }
+  RankedTokens ranked(kept, max_logit);
+  size_t count = ranked.size();
   if (p.top_p < 1.0f) {
     // Keep the most likely tokens while the mass before each is below top_p (at least one).
     double mass = 0.0;
     size_t keep = 0;
-    while (keep < kept.size() && mass < p.top_p * total) mass += weights[keep++];
-    kept.resize(keep);
-    weights.resize(keep);
+    while (keep < count && mass < p.top_p * total) mass += weight(ranked.at(keep++));
+    count = keep;
     total = mass;
   }
   const double u = static_cast<double>(rng() >> 11) * 0x1.0p-53 * total;
   double cumulative = 0.0;
-  for (size_t i = 0; i < kept.size(); ++i) {
-    cumulative += weights[i];
-    if (u < cumulative) return kept[i];
+  for (size_t i = 0; i < count; ++i) {
+    cumulative += weight(ranked.at(i));
+    if (u < cumulative) return ranked.at(i);
   }
-  return kept.back();
+  return ranked.at(count - 1);
 }
 
 }  // namespace

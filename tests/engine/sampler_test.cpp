@@ -2,6 +2,7 @@
 // exactly, the draw follows the kept distribution, and logprobs are those of the raw logits.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <map>
@@ -196,6 +197,76 @@ TEST(Sampler, LogprobsAreThoseOfTheRawLogits) {
   c.params.logprobs.reset();
   std::mt19937_64 rng3(0);
   EXPECT_FALSE(sample(c, rng3).logprobs.has_value());
+}
+
+// The draw as a full sort defines it: the kept tokens (min_p, then top_k with its ties) ranked by logit and then id,
+// weights exp(l - l_max) in float summed in id order in double, the shortest ranked prefix reaching top_p of that, and the first ranked
+// token whose running weight passes u.
+int32_t sorted_walk(std::vector<float> logits, const SamplingParams& p, std::mt19937_64& rng) {
+  for (float& l : logits) l /= p.temperature;
+  const float max_logit = *std::max_element(logits.begin(), logits.end());
+  const auto ranks_before = [&](int32_t a, int32_t b) {
+    return logits[a] != logits[b] ? logits[a] > logits[b] : a < b;
+  };
+  float threshold = p.min_p > 0.0f ? max_logit + std::log(p.min_p) : -INFINITY;
+  std::vector<int32_t> kept;
+  for (int32_t i = 0; i < static_cast<int32_t>(logits.size()); ++i) {
+    if (logits[i] >= threshold) kept.push_back(i);
+  }
+  std::sort(kept.begin(), kept.end(), ranks_before);
+  if (p.top_k > 0 && p.top_k < static_cast<int64_t>(kept.size())) threshold = logits[kept[p.top_k - 1]];
+  std::erase_if(kept, [&](int32_t id) { return logits[id] < threshold; });
+  const auto weight = [&](int32_t id) { return static_cast<double>(std::exp(logits[id] - max_logit)); };
+  std::vector<int32_t> by_id = kept;
+  std::sort(by_id.begin(), by_id.end());
+  double total = 0.0;
+  for (const int32_t id : by_id) total += weight(id);
+  if (p.top_p < 1.0f) {
+    double mass = 0.0;
+    size_t keep = 0;
+    while (keep < kept.size() && mass < p.top_p * total) mass += weight(kept[keep++]);
+    kept.resize(keep);
+    total = mass;
+  }
+  const double u = static_cast<double>(rng() >> 11) * 0x1.0p-53 * total;
+  double cumulative = 0.0;
+  for (const int32_t id : kept) {
+    cumulative += weight(id);
+    if (u < cumulative) return id;
+  }
+  return kept.back();
+}
+
+TEST(Sampler, LargeVocabularyDrawsAreTheFullSortsForEveryShapeOfDistribution) {
+  // The sampler ranks only the head of the distribution that a draw reaches; every draw must still be the one a full
+  // sort gives: peaked and flat logits, ties, -inf entries, with and without top_k, top_p and min_p.
+  constexpr int kVocab = 30000;
+  std::mt19937 make(3);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (const float spread : {0.5f, 3.0f, 12.0f}) {
+    std::vector<float> logits(kVocab);
+    for (float& l : logits) l = std::round(spread * normal(make) * 64.0f) / 64.0f;  // coarse: many ties
+    for (int i = 0; i < kVocab; i += 97) logits[static_cast<size_t>(i)] = -INFINITY;
+    for (const SamplingParams& params : {SamplingParams{.temperature = 1.0f},
+                                        SamplingParams{.temperature = 0.7f, .top_p = 0.9f},
+                                        SamplingParams{.temperature = 1.3f, .top_k = 40},
+                                        SamplingParams{.temperature = 1.0f, .top_p = 0.5f, .top_k = 3000},
+                                        SamplingParams{.temperature = 1.0f, .min_p = 0.05f}}) {
+      for (uint64_t seed = 0; seed < 20; ++seed) {
+        std::mt19937_64 rng(seed), reference_rng(seed);
+        Case c{.logits = logits, .params = params};
+        EXPECT_EQ(sample(c, rng).token_id, sorted_walk(logits, params, reference_rng))
+            << "spread " << spread << ", seed " << seed << ", top_p " << params.top_p << ", top_k " << params.top_k;
+      }
+    }
+  }
+}
+
+TEST(Sampler, NanLogitsAreNeverDrawn) {
+  Case c{.logits = {NAN, 1.0f, NAN, 0.5f, NAN, NAN, NAN, NAN}, .params = {.temperature = 1.0f}};
+  const auto counts = histogram(c, 500);
+  EXPECT_EQ(counts.count(0) + counts.count(2), 0u);
+  EXPECT_EQ(counts.at(1) + counts.at(3), 500);
 }
 
 TEST(SamplingParams, OutOfRangeValuesAreRefusedNamingTheField) {
