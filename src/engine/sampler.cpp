@@ -62,10 +62,11 @@ void apply_penalties(std::span<float> logits, const SamplingInput& in) {
   }
 }
 
+// The first largest logit's id; NaN logits are never taken (0 when every logit is NaN or -inf).
 int32_t argmax(std::span<const float> logits) {
   int32_t best = 0;
-  float best_logit = logits[0];
-  for (size_t i = 1; i < logits.size(); ++i) {
+  float best_logit = kMinusInfinity;
+  for (size_t i = 0; i < logits.size(); ++i) {
     if (logits[i] > best_logit) {
       best_logit = logits[i];
       best = static_cast<int32_t>(i);

@@ -267,6 +267,7 @@ TEST(Sampler, NanLogitsAreNeverDrawn) {
   const auto counts = histogram(c, 500);
   EXPECT_EQ(counts.count(0) + counts.count(2), 0u);
   EXPECT_EQ(counts.at(1) + counts.at(3), 500);
+  EXPECT_EQ(greedy(c), 1);
 }
 
 TEST(SamplingParams, OutOfRangeValuesAreRefusedNamingTheField) {
