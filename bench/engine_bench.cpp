@@ -134,8 +134,8 @@ void BM_SampleToken(benchmark::State& state) {
     state.PauseTiming();
     work = logits;
     state.ResumeTiming();
-    benchmark::DoNotOptimize(
-        sample_token(work, SamplingInput{.params = params, .prompt = {}, .output = {}, .eos_token_ids = {}, .rng = rng}));
+    const SamplingInput input{.params = params, .prompt = {}, .output = {}, .eos_token_ids = {}, .rng = rng};
+    benchmark::DoNotOptimize(sample_token(work, input));
   }
 }
 BENCHMARK(BM_SampleToken)->ArgsProduct({{0, 1}, {0, 1, 2, 3}})->Unit(benchmark::kMicrosecond);

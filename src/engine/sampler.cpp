@@ -14,27 +14,46 @@ namespace {
 
 constexpr float kMinusInfinity = -std::numeric_limits<float>::infinity();
 
-// Higher logit first, then lower id: the order of every ranking here.
-bool ranks_before(std::span<const float> logits, int32_t a, int32_t b) {
-  const float la = logits[static_cast<size_t>(a)], lb = logits[static_cast<size_t>(b)];
-  return la != lb ? la > lb : a < b;
+// The largest logit, NaN ignored (so never kept). Not inlined: inside sample_random, g++ 12 kept the running maximum
+// in memory, a store and a load per element (a fifth of a draw's time).
+[[gnu::noinline]] float largest_logit(std::span<const float> logits) {
+  float largest = kMinusInfinity;
+  for (const float l : logits) largest = l > largest ? l : largest;
+  return largest;
 }
 
+// A token's place in the ranking as one integer, larger ranking first: the logit's bits made monotonic (-0 as +0, so
+// that equal logits tie), then the id inverted (ties go to the lower id). Sorting these needs no lookups.
+uint64_t rank_key(float logit, int32_t id) {
+  const uint32_t bits = std::bit_cast<uint32_t>(logit == 0.0f ? 0.0f : logit);
+  const uint32_t ordered = (bits & 0x80000000u) != 0 ? ~bits : bits | 0x80000000u;
+  return (static_cast<uint64_t>(ordered) << 32) | ~static_cast<uint32_t>(id);
+}
+
+int32_t id_of(uint64_t key) { return static_cast<int32_t>(~static_cast<uint32_t>(key)); }
+
+// The raw logits' log-softmax at `token` and at the `num_top` most likely tokens (weights in float, summed in double;
+// NaN logits count for nothing).
 SampleLogprobs raw_logprobs(std::span<const float> raw, int32_t token, int64_t num_top) {
-  const float max_logit = *std::max_element(raw.begin(), raw.end());
+  const float max_logit = largest_logit(raw);
   double total = 0.0;
-  for (const float l : raw) total += std::exp(static_cast<double>(l) - max_logit);
+  for (const float l : raw) total += std::isnan(l) ? 0.0 : static_cast<double>(std::exp(l - max_logit));
   const double log_total = max_logit + std::log(total);
   const auto logprob = [&](int32_t id) { return static_cast<float>(raw[static_cast<size_t>(id)] - log_total); };
 
   SampleLogprobs result{.logprob = logprob(token), .rank = 1, .top = {}};
   for (const float l : raw) result.rank += l > raw[static_cast<size_t>(token)] ? 1 : 0;
-  std::vector<int32_t> ids(raw.size());
-  std::iota(ids.begin(), ids.end(), 0);
-  const auto top = std::min<size_t>(static_cast<size_t>(num_top), ids.size());
-  std::partial_sort(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(top), ids.end(),
-                    [&](int32_t a, int32_t b) { return ranks_before(raw, a, b); });
-  for (size_t i = 0; i < top; ++i) result.top.push_back({.token_id = ids[i], .logprob = logprob(ids[i])});
+  if (num_top == 0) return result;
+  thread_local std::vector<uint64_t> keys;
+  keys.clear();
+  for (size_t i = 0; i < raw.size(); ++i) {
+    if (!std::isnan(raw[i])) keys.push_back(rank_key(raw[i], static_cast<int32_t>(i)));
+  }
+  const auto top = keys.begin() + std::min<std::ptrdiff_t>(num_top, static_cast<std::ptrdiff_t>(keys.size()));
+  std::partial_sort(keys.begin(), top, keys.end(), std::greater<>());
+  for (auto key = keys.begin(); key != top; ++key) {
+    result.top.push_back({.token_id = id_of(*key), .logprob = logprob(id_of(*key))});
+  }
   return result;
 }
 
@@ -75,24 +94,6 @@ int32_t argmax(std::span<const float> logits) {
   return best;
 }
 
-// The largest logit, NaN ignored (so never kept). Not inlined: inside sample_random, g++ 12 kept the running maximum
-// in memory, a store and a load per element (a fifth of a draw's time).
-[[gnu::noinline]] float largest_logit(std::span<const float> logits) {
-  float largest = kMinusInfinity;
-  for (const float l : logits) largest = l > largest ? l : largest;
-  return largest;
-}
-
-// A token's place in the ranking as one integer, larger ranking first: the logit's bits made monotonic (-0 as +0, so
-// that equal logits tie), then the id inverted (ties go to the lower id). Sorting these needs no lookups.
-uint64_t rank_key(float logit, int32_t id) {
-  const uint32_t bits = std::bit_cast<uint32_t>(logit == 0.0f ? 0.0f : logit);
-  const uint32_t ordered = (bits & 0x80000000u) != 0 ? ~bits : bits | 0x80000000u;
-  return (static_cast<uint64_t>(ordered) << 32) | ~static_cast<uint32_t>(id);
-}
-
-int32_t id_of(uint64_t key) { return static_cast<int32_t>(~static_cast<uint32_t>(key)); }
-
 // The kept tokens, put in ranking order only as far as a walk from the most likely one reaches. The first step
 // takes the tokens within kHeadLogits of the most likely (a partition, no comparisons of ranks) and sorts them when
 // they are few, which for a peaked distribution is where the walk ends; each later step moves the next run into place
@@ -101,7 +102,8 @@ int32_t id_of(uint64_t key) { return static_cast<int32_t>(~static_cast<uint32_t>
 // sort of 154,880 tokens took 22 ms a token).
 class RankedTokens {
 public:
-  RankedTokens(std::vector<uint64_t>& keys, float max_logit) : keys_(keys), head_(rank_key(max_logit - kHeadLogits, -1)) {}
+  RankedTokens(std::vector<uint64_t>& keys, float max_logit)
+      : keys_(keys), head_(rank_key(max_logit - kHeadLogits, -1)) {}
 
   size_t size() const { return keys_.size(); }
   // The id of rank i (0 = most likely).

@@ -200,8 +200,8 @@ TEST(Sampler, LogprobsAreThoseOfTheRawLogits) {
 }
 
 // The draw as a full sort defines it: the kept tokens (min_p, then top_k with its ties) ranked by logit and then id,
-// weights exp(l - l_max) in float summed in id order in double, the shortest ranked prefix reaching top_p of that, and the first ranked
-// token whose running weight passes u.
+// weights exp(l - l_max) in float summed in id order in double, the shortest ranked prefix reaching top_p of that,
+// and the first ranked token whose running weight passes u.
 int32_t sorted_walk(std::vector<float> logits, const SamplingParams& p, std::mt19937_64& rng) {
   for (float& l : logits) l /= p.temperature;
   const float max_logit = *std::max_element(logits.begin(), logits.end());
@@ -268,6 +268,13 @@ TEST(Sampler, NanLogitsAreNeverDrawn) {
   EXPECT_EQ(counts.count(0) + counts.count(2), 0u);
   EXPECT_EQ(counts.at(1) + counts.at(3), 500);
   EXPECT_EQ(greedy(c), 1);
+  c.params = {.temperature = 0.0f, .logprobs = 2};
+  std::mt19937_64 rng(0);
+  const SampledToken token = sample(c, rng);
+  ASSERT_EQ(token.logprobs->top.size(), 2u);  // NaN logits are not among the most likely either
+  EXPECT_EQ(token.logprobs->top[0].token_id, 1);
+  EXPECT_EQ(token.logprobs->top[1].token_id, 3);
+  EXPECT_NEAR(token.logprobs->top[0].logprob, 1.0 - std::log(std::exp(1.0) + std::exp(0.5)), 1e-6);
 }
 
 TEST(SamplingParams, OutOfRangeValuesAreRefusedNamingTheField) {
