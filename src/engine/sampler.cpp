@@ -14,12 +14,19 @@ namespace {
 
 constexpr float kMinusInfinity = -std::numeric_limits<float>::infinity();
 
-// The largest logit, NaN ignored (so never kept). Not inlined: inside sample_random, g++ 12 kept the running maximum
-// in memory, a store and a load per element (a fifth of a draw's time).
-[[gnu::noinline]] float largest_logit(std::span<const float> logits) {
-  float largest = kMinusInfinity;
-  for (const float l : logits) largest = l > largest ? l : largest;
-  return largest;
+// The largest logit, NaN ignored (so never kept): eight running maxima, so that the compares do not wait on each other.
+float largest_logit(std::span<const float> logits) {
+  constexpr size_t kLanes = 8;
+  float largest[kLanes];
+  std::fill(std::begin(largest), std::end(largest), kMinusInfinity);
+  size_t i = 0;
+  for (; i + kLanes <= logits.size(); i += kLanes) {
+    for (size_t j = 0; j < kLanes; ++j) largest[j] = logits[i + j] > largest[j] ? logits[i + j] : largest[j];
+  }
+  for (; i < logits.size(); ++i) largest[0] = logits[i] > largest[0] ? logits[i] : largest[0];
+  float result = kMinusInfinity;
+  for (const float l : largest) result = l > result ? l : result;
+  return result;
 }
 
 // A token's place in the ranking as one integer, larger ranking first: the logit's bits made monotonic (-0 as +0, so
@@ -32,13 +39,20 @@ uint64_t rank_key(float logit, int32_t id) {
 
 int32_t id_of(uint64_t key) { return static_cast<int32_t>(~static_cast<uint32_t>(key)); }
 
-// The raw logits' log-softmax at `token` and at the `num_top` most likely tokens (weights in float, summed in double;
-// NaN logits count for nothing).
+// Every token's sampling_weight(l - max_logit), in a buffer kept from call to call. The loop is vectorised (this file
+// is compiled without trapping math, which lets g++ turn the weight's selects into vector blends).
+std::span<const float> weights_of(std::span<const float> logits, float max_logit) {
+  thread_local std::vector<float> weights;
+  weights.resize(logits.size());
+  for (size_t i = 0; i < logits.size(); ++i) weights[i] = sampling_weight(logits[i] - max_logit);
+  return weights;
+}
+
+// The raw logits' log-softmax at `token` and at the `num_top` most likely tokens (weights summed in double; NaN logits
+// count for nothing).
 SampleLogprobs raw_logprobs(std::span<const float> raw, int32_t token, int64_t num_top) {
   const float max_logit = largest_logit(raw);
-  double total = 0.0;
-  for (const float l : raw) total += std::isnan(l) ? 0.0 : static_cast<double>(std::exp(l - max_logit));
-  const double log_total = max_logit + std::log(total);
+  const double log_total = max_logit + std::log(kept_weight_total(raw, weights_of(raw, max_logit), kMinusInfinity));
   const auto logprob = [&](int32_t id) { return static_cast<float>(raw[static_cast<size_t>(id)] - log_total); };
 
   SampleLogprobs result{.logprob = logprob(token), .rank = 1, .top = {}};
@@ -139,42 +153,40 @@ private:
   size_t ranked_ = 0;
 };
 
-// Temperature, min_p, top_k, top_p, then one draw. A token's weight is exp(l - l_max); the kept tokens' total is summed
-// in id order, and the top_p prefix and the draw walk the tokens from the most likely down.
+// The rank keys of the tokens whose logit is at least `threshold` (never NaN or -inf), in id order, into `kept`.
+void keep_at_least(std::span<const float> logits, float threshold, std::vector<uint64_t>& kept) {
+  kept.resize(logits.size());
+  size_t count = 0;
+  for (size_t i = 0; i < logits.size(); ++i) {
+    if (logits[i] > kMinusInfinity && logits[i] >= threshold) {
+      kept[count++] = rank_key(logits[i], static_cast<int32_t>(i));
+    }
+  }
+  kept.resize(count);
+}
+
+// Temperature, min_p, top_k, top_p, then one draw. A token's weight is sampling_weight(l - l_max); the kept tokens'
+// total is summed in id order in double, and the top_p prefix and the draw walk the tokens from the most likely down.
 int32_t sample_random(std::span<float> logits, const SamplingParams& p, std::mt19937_64& rng) {
   if (p.temperature != 1.0f) {
     for (float& l : logits) l /= p.temperature;
   }
   const float max_logit = largest_logit(logits);
   if (max_logit == kMinusInfinity) return 0;
-  // In float (a draw needs no more), summed in double.
-  const auto weight = [logits, max_logit](int32_t id) {
-    return static_cast<double>(std::exp(logits[static_cast<size_t>(id)] - max_logit));
-  };
+  const std::span<const float> weights = weights_of(logits, max_logit);
+  const auto weight = [weights](int32_t id) { return static_cast<double>(weights[static_cast<size_t>(id)]); };
   // min_p: p_i >= min_p * p_max, i.e. l_i - l_max >= log(min_p).
   float threshold = p.min_p > 0.0f ? max_logit + std::log(p.min_p) : kMinusInfinity;
   thread_local std::vector<uint64_t> kept;  // the vocabulary's worth, kept from call to call
-  double total = 0.0;
-  const auto keep_from_threshold = [&](bool weigh) {
-    kept.clear();
-    total = 0.0;
-    for (size_t i = 0; i < logits.size(); ++i) {
-      if (logits[i] > kMinusInfinity && logits[i] >= threshold) {
-        kept.push_back(rank_key(logits[i], static_cast<int32_t>(i)));
-        if (weigh) total += weight(static_cast<int32_t>(i));
-      }
-    }
-  };
-  keep_from_threshold(p.top_k <= 0);
-  if (p.top_k > 0) {
-    if (p.top_k < static_cast<int64_t>(kept.size())) {
-      // top_k keeps the tokens at least as likely as the k-th (ties with it included).
-      const auto kth = kept.begin() + (p.top_k - 1);
-      std::nth_element(kept.begin(), kth, kept.end(), std::greater<>());
-      threshold = logits[static_cast<size_t>(id_of(*kth))];
-    }
-    keep_from_threshold(true);
+  keep_at_least(logits, threshold, kept);
+  if (p.top_k > 0 && p.top_k < static_cast<int64_t>(kept.size())) {
+    // top_k keeps the tokens at least as likely as the k-th (ties with it included).
+    const auto kth = kept.begin() + (p.top_k - 1);
+    std::nth_element(kept.begin(), kth, kept.end(), std::greater<>());
+    threshold = logits[static_cast<size_t>(id_of(*kth))];
+    keep_at_least(logits, threshold, kept);
   }
+  double total = kept_weight_total(logits, weights, threshold);
   RankedTokens ranked(kept, max_logit);
   size_t count = ranked.size();
   if (p.top_p < 1.0f) {
@@ -195,6 +207,19 @@ int32_t sample_random(std::span<float> logits, const SamplingParams& p, std::mt1
 }
 
 }  // namespace
+
+double kept_weight_total(std::span<const float> logits, std::span<const float> weights, float threshold) {
+  constexpr size_t kRuns = 8;
+  double runs[kRuns] = {};
+  size_t i = 0;
+  for (; i + kRuns <= logits.size(); i += kRuns) {
+    for (size_t j = 0; j < kRuns; ++j) runs[j] += logits[i + j] >= threshold ? weights[i + j] : 0.0f;
+  }
+  for (; i < logits.size(); ++i) runs[i % kRuns] += logits[i] >= threshold ? weights[i] : 0.0f;
+  double total = 0.0;
+  for (const double run : runs) total += run;
+  return total;
+}
 
 SampledToken sample_token(std::span<float> logits, const SamplingInput& in) {
   const SamplingParams& p = in.params;

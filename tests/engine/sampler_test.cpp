@@ -200,8 +200,8 @@ TEST(Sampler, LogprobsAreThoseOfTheRawLogits) {
 }
 
 // The draw as a full sort defines it: the kept tokens (min_p, then top_k with its ties) ranked by logit and then id,
-// weights exp(l - l_max) in float summed in id order in double, the shortest ranked prefix reaching top_p of that,
-// and the first ranked token whose running weight passes u.
+// weights sampling_weight(l - l_max) and their total kept_weight_total, the shortest ranked prefix reaching top_p of
+// that, and the first ranked token whose running weight passes u.
 int32_t sorted_walk(std::vector<float> logits, const SamplingParams& p, std::mt19937_64& rng) {
   for (float& l : logits) l /= p.temperature;
   const float max_logit = *std::max_element(logits.begin(), logits.end());
@@ -216,11 +216,10 @@ int32_t sorted_walk(std::vector<float> logits, const SamplingParams& p, std::mt1
   std::sort(kept.begin(), kept.end(), ranks_before);
   if (p.top_k > 0 && p.top_k < static_cast<int64_t>(kept.size())) threshold = logits[kept[p.top_k - 1]];
   std::erase_if(kept, [&](int32_t id) { return logits[id] < threshold; });
-  const auto weight = [&](int32_t id) { return static_cast<double>(std::exp(logits[id] - max_logit)); };
-  std::vector<int32_t> by_id = kept;
-  std::sort(by_id.begin(), by_id.end());
-  double total = 0.0;
-  for (const int32_t id : by_id) total += weight(id);
+  std::vector<float> weights(logits.size());
+  for (size_t i = 0; i < logits.size(); ++i) weights[i] = sampling_weight(logits[i] - max_logit);
+  const auto weight = [&](int32_t id) { return static_cast<double>(weights[id]); };
+  double total = kept_weight_total(logits, weights, threshold);
   if (p.top_p < 1.0f) {
     double mass = 0.0;
     size_t keep = 0;
@@ -260,6 +259,17 @@ TEST(Sampler, LargeVocabularyDrawsAreTheFullSortsForEveryShapeOfDistribution) {
       }
     }
   }
+}
+
+TEST(Sampler, WeightsAreExpWithinTwoUlpAndZeroBelowTheNormalRange) {
+  for (float x = -86.99f; x <= 0.0f; x += 0.00173f) {
+    const double exact = std::exp(static_cast<double>(x));
+    ASSERT_LE(std::fabs(sampling_weight(x) - exact) / exact, 2 * 0x1.0p-24) << x;
+  }
+  EXPECT_EQ(sampling_weight(0.0f), 1.0f);
+  EXPECT_EQ(sampling_weight(-88.0f), 0.0f);
+  EXPECT_EQ(sampling_weight(-INFINITY), 0.0f);
+  EXPECT_EQ(sampling_weight(NAN), 0.0f);
 }
 
 TEST(Sampler, NanLogitsAreNeverDrawn) {
