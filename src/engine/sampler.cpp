@@ -2,11 +2,12 @@
 
 #include <algorithm>
 #include <bit>
-#include <functional>
 #include <cmath>
+#include <functional>
 #include <limits>
-#include <numeric>
 #include <vector>
+
+#include "base/error.h"
 
 namespace kestrel {
 
@@ -71,26 +72,44 @@ SampleLogprobs raw_logprobs(std::span<const float> raw, int32_t token, int64_t n
   return result;
 }
 
+// Repetition penalty on every token of the prompt and the output, once each; frequency and presence penalties on the
+// output's tokens by their counts. Marks and counts live in per-vocabulary arrays kept from call to call (a sort of the
+// tokens took milliseconds a draw at long prompts) and are cleared by a second pass over the same tokens.
 void apply_penalties(std::span<float> logits, const SamplingInput& in) {
   const SamplingParams& p = in.params;
+  if (p.repetition_penalty == 1.0f && p.frequency_penalty == 0.0f && p.presence_penalty == 0.0f) return;
+  // Every id is checked before any mark is set, so that a refusal leaves the arrays clear.
+  for (const std::span<const int32_t> tokens : {in.prompt, in.output}) {
+    for (const int32_t id : tokens) {
+      require(id >= 0 && static_cast<size_t>(id) < logits.size(), "token id {} is outside the vocabulary ({} logits)",
+              id, logits.size());
+    }
+  }
+  const auto slot = [](int32_t id) { return static_cast<size_t>(id); };
   if (p.repetition_penalty != 1.0f) {
-    std::vector<int32_t> seen(in.prompt.begin(), in.prompt.end());
-    seen.insert(seen.end(), in.output.begin(), in.output.end());
-    std::sort(seen.begin(), seen.end());
-    seen.erase(std::unique(seen.begin(), seen.end()), seen.end());
-    for (const int32_t id : seen) {
-      float& l = logits[static_cast<size_t>(id)];
-      l = l > 0.0f ? l / p.repetition_penalty : l * p.repetition_penalty;
+    thread_local std::vector<uint8_t> seen;
+    seen.resize(logits.size());
+    for (const std::span<const int32_t> tokens : {in.prompt, in.output}) {
+      for (const int32_t id : tokens) {
+        const size_t i = slot(id);
+        if (seen[i] != 0) continue;
+        seen[i] = 1;
+        logits[i] = logits[i] > 0.0f ? logits[i] / p.repetition_penalty : logits[i] * p.repetition_penalty;
+      }
+    }
+    for (const std::span<const int32_t> tokens : {in.prompt, in.output}) {
+      for (const int32_t id : tokens) seen[static_cast<size_t>(id)] = 0;
     }
   }
   if (p.frequency_penalty != 0.0f || p.presence_penalty != 0.0f) {
-    std::vector<int32_t> generated(in.output.begin(), in.output.end());
-    std::sort(generated.begin(), generated.end());
-    for (auto run = generated.begin(); run != generated.end();) {
-      const auto run_end = std::upper_bound(run, generated.end(), *run);
-      const auto count = static_cast<float>(run_end - run);
-      logits[static_cast<size_t>(*run)] -= p.frequency_penalty * count + p.presence_penalty;
-      run = run_end;
+    thread_local std::vector<int32_t> counts;
+    counts.resize(logits.size());
+    for (const int32_t id : in.output) ++counts[slot(id)];
+    for (const int32_t id : in.output) {
+      int32_t& count = counts[static_cast<size_t>(id)];
+      if (count == 0) continue;  // applied at the id's first occurrence
+      logits[static_cast<size_t>(id)] -= p.frequency_penalty * static_cast<float>(count) + p.presence_penalty;
+      count = 0;
     }
   }
 }

@@ -89,6 +89,30 @@ TEST(Sampler, RepetitionPenaltyDividesPositiveAndMultipliesNegativeLogitsOfSeenT
   EXPECT_EQ(greedy(negative), 2);
 }
 
+TEST(Sampler, PenaltiesApplyOncePerTokenAndLeaveTheNextDrawUntouched) {
+  // Token 1 three times in the prompt and twice in the output: divided by 2 once (2.0 -> 1.0 < 1.5), not to 0.25.
+  Case c{.logits = {1.5f, 2.0f, 0.9f, 0, 0, 0, 0, 0}, .prompt = {1, 1, 1}, .output = {1, 1}};
+  c.params.repetition_penalty = 2.0f;
+  EXPECT_EQ(greedy(c), 0);
+  c.logits[0] = 0.95f;
+  EXPECT_EQ(greedy(c), 1);  // 1.0 > 0.95: the penalty was applied once
+  // A draw after a penalised one on the same thread: token 1 is not in its prompt, so it keeps its logit.
+  Case next{.logits = {1.5f, 2.0f, 0, 0, 0, 0, 0, 0}, .prompt = {2}};
+  next.params.repetition_penalty = 2.0f;
+  EXPECT_EQ(greedy(next), 1);
+  // Frequency counts each occurrence once: 1.4 - 2 * 0.3 = 0.8 < 1.0, then the next draw has no output.
+  Case f{.logits = {1.0f, 1.4f, 0, 0, 0, 0, 0, 0}, .output = {1, 3, 1}};
+  f.params.frequency_penalty = 0.3f;
+  EXPECT_EQ(greedy(f), 0);
+  f.output = {};
+  EXPECT_EQ(greedy(f), 1);
+  // An id outside the vocabulary is refused, and leaves nothing marked for the next draw.
+  Case bad{.logits = {1.5f, 2.0f, 0, 0, 0, 0, 0, 0}, .prompt = {1, 8}};
+  bad.params.repetition_penalty = 2.0f;
+  EXPECT_THROW(greedy(bad), Error);
+  EXPECT_EQ(greedy(next), 1);
+}
+
 TEST(Sampler, PresenceAndFrequencyPenaltiesApplyToGeneratedTokensOnly) {
   Case c{.logits = {1.0f, 1.4f, 0, 0, 0, 0, 0, 0}, .prompt = {0}, .output = {1}};
   c.params.presence_penalty = 0.5f;
