@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
+#include "base/process_memory.h"
 #include "engine/sampler.h"
 #include "engine/scheduler.h"
 #include "formats/glm5_next_config.h"
@@ -139,6 +140,30 @@ void BM_SampleToken(benchmark::State& state) {
   }
 }
 BENCHMARK(BM_SampleToken)->ArgsProduct({{0, 1}, {0, 1, 2, 3}})->Unit(benchmark::kMicrosecond);
+
+// What a step does with its logits after the forward: one vocabulary-sized vector per sequence (GLM-5.3-Flash's
+// 154,880), filled from the read-back buffer, then freed after sampling. Argument: the sequences. The "Kept" run calls
+// keep_freed_memory() first, as `kestrel` does at start; it is registered last because the setting stays.
+void logits_hand_off(benchmark::State& state) {
+  constexpr size_t kVocab = 154880;
+  const auto sequences = static_cast<size_t>(state.range(0));
+  const std::vector<float> read_back(sequences * kVocab, 1.0f);
+  for (auto _ : state) {
+    std::vector<std::vector<float>> logits(sequences);
+    for (size_t s = 0; s < sequences; ++s) {
+      logits[s].assign(read_back.begin() + static_cast<std::ptrdiff_t>(s * kVocab),
+                       read_back.begin() + static_cast<std::ptrdiff_t>((s + 1) * kVocab));
+    }
+    benchmark::DoNotOptimize(logits.back().data());
+  }
+}
+void BM_LogitsHandOff(benchmark::State& state) { logits_hand_off(state); }
+void BM_LogitsHandOffKept(benchmark::State& state) {
+  keep_freed_memory();
+  logits_hand_off(state);
+}
+BENCHMARK(BM_LogitsHandOff)->Arg(1)->Arg(4)->Arg(16)->Arg(64)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_LogitsHandOffKept)->Arg(1)->Arg(4)->Arg(16)->Arg(64)->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 }  // namespace kestrel

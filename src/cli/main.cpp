@@ -5,9 +5,11 @@
 #include <exception>
 
 #include "base/error.h"
+#include "base/process_memory.h"
 #include "cli/commands.h"
 
 int main(int argc, char** argv) {
+  kestrel::keep_freed_memory();  // before any thread starts
   CLI::App app{"Kestrel: a native inference server for GLM-5.3-Flash"};
   app.require_subcommand(1);
   const kestrel::cli::Action actions[] = {kestrel::cli::add_logits_command(app), kestrel::cli::add_run_command(app),
