@@ -218,11 +218,17 @@ int32_t sample_random(std::span<float> logits, const SamplingParams& p, std::mt1
   }
   const double u = static_cast<double>(rng() >> 11) * 0x1.0p-53 * total;
   double cumulative = 0.0;
+  // Past the end (u within rounding of the total, or no weight at all: a +inf logit), the least likely token that
+  // weighs anything, else the most likely.
+  int32_t last_weighed = ranked.at(0);
   for (size_t i = 0; i < count; ++i) {
-    cumulative += weight(ranked.at(i));
-    if (u < cumulative) return ranked.at(i);
+    const int32_t id = ranked.at(i);
+    const double w = weight(id);
+    cumulative += w;
+    if (u < cumulative) return id;
+    if (w > 0.0) last_weighed = id;
   }
-  return ranked.at(count - 1);
+  return last_weighed;
 }
 
 }  // namespace

@@ -225,7 +225,7 @@ TEST(Sampler, LogprobsAreThoseOfTheRawLogits) {
 
 // The draw as a full sort defines it: the kept tokens (min_p, then top_k with its ties) ranked by logit and then id,
 // weights sampling_weight(l - l_max) and their total kept_weight_total, the shortest ranked prefix reaching top_p of
-// that, and the first ranked token whose running weight passes u.
+// that, and the first ranked token whose running weight passes u (past the end, the last that weighs anything).
 int32_t sorted_walk(std::vector<float> logits, const SamplingParams& p, std::mt19937_64& rng) {
   for (float& l : logits) l /= p.temperature;
   const float max_logit = *std::max_element(logits.begin(), logits.end());
@@ -253,11 +253,13 @@ int32_t sorted_walk(std::vector<float> logits, const SamplingParams& p, std::mt1
   }
   const double u = static_cast<double>(rng() >> 11) * 0x1.0p-53 * total;
   double cumulative = 0.0;
+  int32_t last_weighed = kept.front();
   for (const int32_t id : kept) {
     cumulative += weight(id);
     if (u < cumulative) return id;
+    if (weight(id) > 0.0) last_weighed = id;
   }
-  return kept.back();
+  return last_weighed;
 }
 
 TEST(Sampler, LargeVocabularyDrawsAreTheFullSortsForEveryShapeOfDistribution) {
@@ -294,6 +296,16 @@ TEST(Sampler, WeightsAreExpWithinTwoUlpAndZeroBelowTheNormalRange) {
   EXPECT_EQ(sampling_weight(-88.0f), 0.0f);
   EXPECT_EQ(sampling_weight(-INFINITY), 0.0f);
   EXPECT_EQ(sampling_weight(NAN), 0.0f);
+}
+
+TEST(Sampler, AnInfiniteLogitIsDrawnAndNothingOutsideTheKeptSetIs) {
+  // +inf: every weight is exp(-inf) or NaN, so the draw runs past the end and takes the most likely token.
+  Case c{.logits = {0.5f, INFINITY, 1.0f, 0, 0, 0, 0, 0}, .params = {.temperature = 1.0f}};
+  EXPECT_EQ(histogram(c, 50), (std::map<int32_t, int>{{1, 50}}));
+  // Tokens 100 below the best weigh nothing: never drawn, whatever u.
+  Case far{.logits = {0.0f, -100.0f, -100.0f, -100.0f, -100.0f, -100.0f, -100.0f, -100.0f},
+           .params = {.temperature = 1.0f}};
+  EXPECT_EQ(histogram(far, 200), (std::map<int32_t, int>{{0, 200}}));
 }
 
 TEST(Sampler, NanLogitsAreNeverDrawn) {
