@@ -17,6 +17,7 @@
 
 #include "backend/dsa_selection.h"
 #include "backend/linear_weight.h"
+#include "backend/token_draw.h"
 #include "base/error.h"
 #include "engine/paged_rows.h"
 
@@ -175,6 +176,10 @@ public:
   // a view of host memory the backend owns (page-locked on a GPU, so the copy runs at the bus's speed, not through
   // the driver's staging), valid until the next read_back or the backend's end.
   virtual std::span<const float> read_back(const float* src, size_t count) = 0;
+  // tokens[i] (host) = draw_token(row i of `logits` [draws.size(), vocab], draws[i]): the sampler's last stage run
+  // where the logits are, so that a token comes back instead of a vocabulary of floats. The logits may be
+  // overwritten. This default reads them back and draws on the host, the rows in parallel.
+  virtual void draw_tokens(float* logits, int64_t vocab, std::span<const TokenDraw> draws, std::span<int32_t> tokens);
   // Returns when every op queued so far has finished (a host backend's ops finish before they return).
   virtual void synchronize() {}
   // The memory of a device of its own, or nothing for host memory.

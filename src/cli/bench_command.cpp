@@ -5,7 +5,9 @@
 // layer, the cache rows the indexer scores and attention reads, the KDA state) and what that is per second at one
 // stream, against the backend's measured memory copy bandwidth. A decode step of S sequences is one batched forward
 // pass (Glm5NextModel::forward_batch), as the engine runs it. --prefill-lengths times prefills of fresh sequences
-// (tokens/s, and TFLOP/s by prefill_flops' count, to set against the GPU's tensor-core throughput). With --profile,
+// (tokens/s, and TFLOP/s by prefill_flops' count, to set against the GPU's tensor-core throughput). --draw greedy or
+// sample ends each step as the engine does, with the next tokens drawn on the backend and fed back (by default the
+// logits come back to the host and random tokens go in). With --profile,
 // each measurement is followed by a profiled one: where a step's (or prompt's) time goes, by part of the model.
 #include <algorithm>
 #include <chrono>
@@ -196,7 +198,7 @@ double prefill_new(Glm5NextModel& model, int64_t length, int64_t chunk, std::mt1
 
 Action add_bench_command(CLI::App& app) {
   struct Options {
-    std::string model, device = "auto";
+    std::string model, device = "auto", draw = "logits";
     std::vector<int64_t> contexts{1024}, sequences{1, 4}, prefill_lengths;
     int64_t steps = 32, chunk = 2048;
     uint32_t seed = 1;
@@ -219,6 +221,12 @@ Action add_bench_command(CLI::App& app) {
   cmd->add_option("--steps", o->steps, "Decode steps per measurement")->capture_default_str();
   cmd->add_option("--prefill-chunk", o->chunk, "Tokens per prefill forward call")->capture_default_str();
   cmd->add_option("--seed", o->seed, "Seed of the random tokens")->capture_default_str();
+  cmd->add_option("--draw", o->draw,
+                  "What a decode step ends with: `logits` (every sequence's logits copied to the host, random tokens "
+                  "fed next), `greedy` or `sample` (temperature 1, top_p 0.95): the next tokens drawn on the backend "
+                  "and fed back, as the engine does for requests without penalties or logprobs")
+      ->check(CLI::IsMember({"logits", "greedy", "sample"}))
+      ->capture_default_str();
   cmd->add_flag("--profile", o->profile,
                 "After each decode measurement, as many steps again with the time of each part of the model "
                 "(each part synchronised, so the parts add up to more than a step)");
@@ -280,13 +288,26 @@ Action add_bench_command(CLI::App& app) {
       for (const int64_t count : o->sequences) {
         std::vector<int32_t> next(static_cast<size_t>(count));
         std::vector<SequenceCall> calls(static_cast<size_t>(count));
+        std::vector<BackendDraw> draws(static_cast<size_t>(count));
+        std::uniform_real_distribution<double> unit;
+        for (int32_t& id : next) id = token(rng);
         const auto decode = [&](ForwardProfile* profile) {
           for (int64_t step = 0; step < o->steps; ++step) {
             for (size_t s = 0; s < calls.size(); ++s) {
-              next[s] = token(rng);
-              calls[s] = SequenceCall{.sequence = sequences[s].get(), .tokens = std::span(&next[s], 1)};
+              BackendDraw* draw = nullptr;
+              if (o->draw == "logits") {
+                next[s] = token(rng);
+              } else {
+                draws[s].draw = o->draw == "greedy" ? TokenDraw{.temperature = 0.0f}
+                                                    : TokenDraw{.top_p = 0.95f, .u = unit(rng)};
+                draw = &draws[s];
+              }
+              calls[s] = SequenceCall{.sequence = sequences[s].get(), .tokens = std::span(&next[s], 1), .draw = draw};
             }
             (void)model->forward_batch(calls, {.all_logits = false, .profile = profile});
+            if (o->draw != "logits") {
+              for (size_t s = 0; s < calls.size(); ++s) next[s] = draws[s].token;
+            }
           }
         };
         const auto start = std::chrono::steady_clock::now();

@@ -14,8 +14,9 @@ namespace kestrel {
 namespace {
 
 // On a backend with a device memory of its own and no block count requested: first the largest forward pass the
-// runner makes (the first block of as many prompts as one step takes, each on a scratch sequence), so that what the
-// activations take is in use when the cache is sized, as vLLM's profile run does; then the device's memory.
+// runner makes (the first block of as many prompts as one step takes, each on a scratch sequence, each drawing its
+// next token on the backend), so that what the activations and the draw take is in use when the cache is sized, as
+// vLLM's profile run does; then the device's memory.
 std::optional<DeviceMemory> profiled_device_memory(Glm5NextModel& model, const EngineConfig& config) {
   if (config.num_blocks != 0 || !model.backend().device_memory()) return std::nullopt;
   {
@@ -25,9 +26,11 @@ std::optional<DeviceMemory> profiled_device_memory(Glm5NextModel& model, const E
     const std::vector<int32_t> tokens(static_cast<size_t>(block), 0);
     std::vector<std::unique_ptr<SequenceState>> sequences;
     std::vector<SequenceCall> calls;
+    std::vector<BackendDraw> draws(static_cast<size_t>(count), BackendDraw{.draw = TokenDraw{.u = 0.5}});
     for (int64_t i = 0; i < count; ++i) {
       sequences.push_back(model.new_sequence());
-      calls.push_back(SequenceCall{.sequence = sequences.back().get(), .tokens = tokens});
+      calls.push_back(
+          SequenceCall{.sequence = sequences.back().get(), .tokens = tokens, .draw = &draws[static_cast<size_t>(i)]});
     }
     (void)model.forward_batch(calls, ForwardOptions{.all_logits = false});
   }
@@ -111,15 +114,37 @@ void EngineCore::add_request(uint64_t id, std::vector<int32_t> prompt, const Sam
   }
 }
 
+SamplingInput EngineCore::sampling_input(Request& request) const {
+  return SamplingInput{.params = request.params,
+                       .prompt = request.prompt(),
+                       .output = request.output(),
+                       .eos_token_ids = config_.eos_token_ids,
+                       .rng = request.rng};
+}
+
 void EngineCore::step() {
   const SchedulerOutput output = scheduler_.schedule();
   if (output.empty()) return;
   std::vector<std::optional<SampledToken>> sampled(output.chunks.size());
   try {
-    std::vector<std::vector<float>> logits = runner_.execute(output);
+    // A token that needs nothing but its logits and the draw is drawn where the logits are (on a GPU, a token comes
+    // back instead of the vocabulary's logits); the rest go through the sampler here.
+    std::vector<BackendDraw> draws(output.chunks.size());
+    std::vector<BackendDraw*> draw_of(output.chunks.size(), nullptr);
+    for (size_t i = 0; i < output.chunks.size(); ++i) {
+      Request& request = *output.chunks[i].request;
+      if (!output.chunks[i].samples() || !needs_only_logits(sampling_input(request))) continue;
+      draws[i].draw = token_draw(request.params, request.rng);
+      draw_of[i] = &draws[i];
+    }
+    std::vector<std::vector<float>> logits = runner_.execute(output, draw_of);
     std::vector<size_t> sampling;
     for (size_t i = 0; i < output.chunks.size(); ++i) {
-      if (!logits[i].empty()) sampling.push_back(i);
+      if (draw_of[i] != nullptr) {
+        sampled[i] = SampledToken{.token_id = draws[i].token, .logprobs = {}};
+      } else if (!logits[i].empty()) {
+        sampling.push_back(i);
+      }
     }
     // The sequences draw in parallel (a draw over a large vocabulary is a millisecond of work): each depends only on
     // its request's logits, tokens and generator, so the tokens do not depend on the threads.
@@ -129,11 +154,7 @@ void EngineCore::step() {
         const size_t i = sampling[static_cast<size_t>(k)];
         Request& request = *output.chunks[i].request;
         try {
-          sampled[i] = sample_token(logits[i], SamplingInput{.params = request.params,
-                                                             .prompt = request.prompt(),
-                                                             .output = request.output(),
-                                                             .eos_token_ids = config_.eos_token_ids,
-                                                             .rng = request.rng});
+          sampled[i] = sample_token(logits[i], sampling_input(request));
         } catch (...) {
           failures[static_cast<size_t>(k)] = std::current_exception();
         }

@@ -15,6 +15,7 @@
 #include "engine/engine_config.h"
 #include "engine/model_runner.h"
 #include "engine/request.h"
+#include "engine/sampler.h"
 #include "engine/scheduler.h"
 #include "model/glm5_next.h"
 
@@ -56,6 +57,9 @@ public:
   EngineStats stats() const;
 
 private:
+  // What the sampler takes for the request's next token.
+  SamplingInput sampling_input(Request& request) const;
+
   Glm5NextConfig model_;
   EngineConfig config_;
   Backend& backend_;

@@ -10,11 +10,11 @@ namespace kestrel {
 ModelRunner::ModelRunner(Forward forward, int64_t block_size)
     : forward_(std::move(forward)), block_size_(block_size) {}
 
-ModelRunner::Cursor ModelRunner::start(const ScheduledChunk& chunk) const {
+ModelRunner::Cursor ModelRunner::start(const ScheduledChunk& chunk, BackendDraw* draw) const {
   const Request& request = *chunk.request;
   require(request.cache.state->num_tokens() == chunk.start, "request {}: sequence holds {} tokens, the chunk starts at {}",
           request.id, request.cache.state->num_tokens(), chunk.start);
-  return Cursor{.chunk = &chunk, .position = chunk.start, .snapshot = 0, .logits = {}};
+  return Cursor{.chunk = &chunk, .position = chunk.start, .snapshot = 0, .draw = draw, .logits = {}};
 }
 
 SequenceCall ModelRunner::next_call(const Cursor& cursor) const {
@@ -22,10 +22,12 @@ SequenceCall ModelRunner::next_call(const Cursor& cursor) const {
   const int64_t position = cursor.position, P = request.num_prompt_tokens;
   const int64_t end = position < P ? std::min({cursor.chunk->end, P, (position / block_size_ + 1) * block_size_})
                                    : position + 1;
+  const bool logits = end == cursor.chunk->end && cursor.chunk->samples();
   return SequenceCall{.sequence = request.cache.state,
                       .tokens = std::span<const int32_t>(request.token_ids)
                                     .subspan(static_cast<size_t>(position), static_cast<size_t>(end - position)),
-                      .logits = end == cursor.chunk->end && cursor.chunk->samples()};
+                      .logits = logits,
+                      .draw = logits ? cursor.draw : nullptr};
 }
 
 void ModelRunner::advance(Cursor& cursor, int64_t end, std::vector<float> logits) {
@@ -37,10 +39,15 @@ void ModelRunner::advance(Cursor& cursor, int64_t end, std::vector<float> logits
   }
 }
 
-std::vector<std::vector<float>> ModelRunner::execute(const SchedulerOutput& output) {
+std::vector<std::vector<float>> ModelRunner::execute(const SchedulerOutput& output,
+                                                     std::span<BackendDraw* const> draws) {
+  require(draws.empty() || draws.size() == output.chunks.size(), "{} draws for {} chunks", draws.size(),
+          output.chunks.size());
   std::vector<Cursor> cursors;
   cursors.reserve(output.chunks.size());
-  for (const ScheduledChunk& chunk : output.chunks) cursors.push_back(start(chunk));
+  for (size_t i = 0; i < output.chunks.size(); ++i) {
+    cursors.push_back(start(output.chunks[i], draws.empty() ? nullptr : draws[i]));
+  }
   std::vector<SequenceCall> calls;
   std::vector<Cursor*> callers;
   for (;;) {

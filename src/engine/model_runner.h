@@ -25,8 +25,10 @@ public:
 
   ModelRunner(Forward forward, int64_t block_size);
 
-  // Computes every chunk; entry i holds chunk i's last logits when it samples, else nothing.
-  std::vector<std::vector<float>> execute(const SchedulerOutput& output);
+  // Computes every chunk; entry i holds chunk i's last logits when it samples, else nothing. A chunk that samples and
+  // has a draw (draws[i], when draws is not empty) gets its token drawn on the backend into draws[i]->token instead
+  // of its logits.
+  std::vector<std::vector<float>> execute(const SchedulerOutput& output, std::span<BackendDraw* const> draws = {});
 
 private:
   // A chunk under way: the start of its next forward call and its next planned snapshot.
@@ -34,10 +36,11 @@ private:
     const ScheduledChunk* chunk;
     int64_t position;
     size_t snapshot = 0;
+    BackendDraw* draw = nullptr;  // for the chunk's last call
     std::vector<float> logits;  // of the last call, when it asked for them
     bool done() const { return position == chunk->end; }
   };
-  Cursor start(const ScheduledChunk& chunk) const;
+  Cursor start(const ScheduledChunk& chunk, BackendDraw* draw) const;
   SequenceCall next_call(const Cursor& cursor) const;
   // Records a finished call's logits and takes the snapshots due where it ended.
   static void advance(Cursor& cursor, int64_t end, std::vector<float> logits);

@@ -60,7 +60,8 @@ std::vector<std::vector<float>> Glm5NextModel::forward_batch(std::span<const Seq
                             .start = call.sequence->num_tokens(),
                             .offset = static_cast<int64_t>(tokens.size()),
                             .count = static_cast<int64_t>(call.tokens.size()),
-                            .logits = call.logits});
+                            .logits = call.logits,
+                            .draw = call.logits ? call.draw : nullptr});
     call_of_rows.push_back(i);
     tokens.insert(tokens.end(), call.tokens.begin(), call.tokens.end());
   }
@@ -134,17 +135,22 @@ std::vector<std::vector<float>> Glm5NextModel::forward_batch(std::span<const Seq
   for (const CallRows& call : rows) call.sequence->advance(call.count);
 
   // Final collapse is a plain mean of the streams, then the norm and the head: for every row, or each call's last,
-  // of the calls that want logits, gathered into consecutive rows.
+  // of the calls that want logits, gathered into consecutive rows, those of the calls drawn on the backend first
+  // (their last row only).
   std::vector<int64_t> head_row(rows.size(), -1);  // each call's first row in the head's input
+  std::vector<TokenDraw> draws;
   int64_t head_rows = 0;
-  for (size_t k = 0; k < rows.size(); ++k) {
-    if (!rows[k].logits) continue;
-    const int64_t count = options.all_logits ? rows[k].count : 1;
-    const int64_t first = rows[k].offset + rows[k].count - count;
-    const ProfileScope part(profile_, backend_, "head");
-    backend_.stream_mean(streams + first * hc * D, count, hc, D, x + head_rows * D);
-    head_row[k] = head_rows;
-    head_rows += count;
+  for (const bool drawn : {true, false}) {
+    for (size_t k = 0; k < rows.size(); ++k) {
+      if (!rows[k].logits || (rows[k].draw != nullptr) != drawn) continue;
+      const int64_t count = options.all_logits && !drawn ? rows[k].count : 1;
+      const int64_t first = rows[k].offset + rows[k].count - count;
+      const ProfileScope part(profile_, backend_, "head");
+      backend_.stream_mean(streams + first * hc * D, count, hc, D, x + head_rows * D);
+      head_row[k] = head_rows;
+      head_rows += count;
+      if (drawn) draws.push_back(rows[k].draw->draw);
+    }
   }
   if (head_rows == 0) return logits;
   float* head = ws.floats(head_rows * c.vocab_size);
@@ -153,16 +159,27 @@ std::vector<std::vector<float>> Glm5NextModel::forward_batch(std::span<const Seq
     backend_.rms_norm(x, head_rows, D, weights_.final_norm.data(), eps, normed);
     backend_.linear(normed, head_rows, weights_.lm_head, head);
   }
+  const auto drawn_rows = static_cast<int64_t>(draws.size());
+  if (drawn_rows > 0) {
+    const ProfileScope part(profile_, backend_, "draw");
+    std::vector<int32_t> drawn(draws.size());
+    backend_.draw_tokens(head, c.vocab_size, draws, drawn);
+    for (size_t k = 0; k < rows.size(); ++k) {
+      if (rows[k].logits && rows[k].draw != nullptr) rows[k].draw->token = drawn[static_cast<size_t>(head_row[k])];
+    }
+  }
+  if (head_rows == drawn_rows) return logits;
   std::span<const float> host;
   {
     const ProfileScope part(profile_, backend_, "logits to host");
-    host = backend_.read_back(head, static_cast<size_t>(head_rows * c.vocab_size));
+    host = backend_.read_back(head + drawn_rows * c.vocab_size,
+                              static_cast<size_t>((head_rows - drawn_rows) * c.vocab_size));
   }
   for (size_t k = 0; k < rows.size(); ++k) {
-    if (head_row[k] < 0) continue;
+    if (head_row[k] < 0 || rows[k].draw != nullptr) continue;
     const int64_t count = options.all_logits ? rows[k].count : 1;
-    logits[call_of_rows[k]].assign(host.begin() + head_row[k] * c.vocab_size,
-                                   host.begin() + (head_row[k] + count) * c.vocab_size);
+    const int64_t first = head_row[k] - drawn_rows;
+    logits[call_of_rows[k]].assign(host.begin() + first * c.vocab_size, host.begin() + (first + count) * c.vocab_size);
   }
   return logits;
 }

@@ -40,11 +40,20 @@ struct ForwardOptions {
   ForwardProfile* profile = nullptr;  // where the pass's time goes is added here (slows the pass; see the type)
 };
 
+// A token drawn on the backend from a call's last logits.
+struct BackendDraw {
+  TokenDraw draw;
+  int32_t token = -1;  // set by the forward
+};
+
 // One sequence's part of a batched forward: tokens appended after its current contents.
 struct SequenceCall {
   SequenceState* sequence;
   std::span<const int32_t> tokens;
   bool logits = true;  // false: nothing goes through the head for this call (a prompt block before the last)
+  // With logits: the backend draws the token after the call's last one (Backend::draw_tokens) into draw->token, and
+  // the call's logits stay on the backend (forward_batch returns none for it).
+  BackendDraw* draw = nullptr;
 };
 
 class Glm5NextModel {
@@ -63,7 +72,7 @@ public:
   std::vector<float> forward(SequenceState& sequence, std::span<const int32_t> tokens,
                              const ForwardOptions& options = {});
   // The same for several distinct sequences in one pass: entry i holds call i's logits as forward() returns them.
-  // Calls with no tokens or without `logits` get none; a sequence named twice is an Error.
+  // Calls with no tokens, without `logits` or with a draw get none; a sequence named twice is an Error.
   std::vector<std::vector<float>> forward_batch(std::span<const SequenceCall> calls, const ForwardOptions& options = {});
 
   // Installs (or, with nullptr, removes) the input observer; the forward pays nothing extra without one.
@@ -79,6 +88,7 @@ private:
     int64_t offset;  // first row of the pass
     int64_t count;
     bool logits;
+    BackendDraw* draw;
   };
   // Every call a single token (row i is call i's), as in a decode step.
   static bool one_token_each(std::span<const CallRows> calls);

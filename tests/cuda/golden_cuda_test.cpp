@@ -96,6 +96,14 @@ TEST_P(GoldenCudaTest, LockstepDecodingMatchesTransformers) {
   }
 }
 
+// Tokens drawn on the GPU (CudaBackend::draw_tokens in the forward) are the host's draws from the logits of twin
+// sequences in the same passes, and drawn calls copy back no logits.
+TEST_P(GoldenCudaTest, TokensDrawnOnTheGpuAreTheHostsDraws) {
+  const kestrel::testing::DrawnTokens drawn = kestrel::testing::run_drawn_decoding(*model_, fixture_);
+  EXPECT_EQ(drawn.returned_logits, 0);
+  for (const auto& [token, expected] : drawn.pairs) EXPECT_EQ(token, expected);
+}
+
 // What the engine's prefix cache does: a second sequence shares the first one's full blocks, loads the KDA state
 // saved at that boundary (a round trip through host memory) and computes only the rest.
 TEST_P(GoldenCudaTest, ASequenceResumedOnCachedBlocksContinuesWithTheSameLogits) {

@@ -323,6 +323,53 @@ TEST(Sampler, NanLogitsAreNeverDrawn) {
   EXPECT_NEAR(token.logprobs->top[0].logprob, 1.0 - std::log(std::exp(1.0) + std::exp(0.5)), 1e-6);
 }
 
+// The engine hands a request that needs nothing but logits to the backend's draw with token_draw(params, rng): the
+// tokens and the generator's state afterwards must be those of sample_token with the same seed.
+TEST(Sampler, TheBackendsDrawWithTokenDrawIsTheSamplersToken) {
+  std::mt19937 values(3);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  for (const SamplingParams& params : {SamplingParams{.temperature = 0.0f}, SamplingParams{.temperature = 0.7f},
+                                       SamplingParams{.temperature = 1.0f, .top_p = 0.9f, .top_k = 20},
+                                       SamplingParams{.temperature = 1.2f, .min_p = 0.1f}}) {
+    std::mt19937_64 sampler_rng(5), draw_rng(5);
+    for (int i = 0; i < 50; ++i) {
+      std::vector<float> logits(1000);
+      for (float& l : logits) l = normal(values);
+      std::vector<float> copy = logits;
+      const Case c{.logits = logits, .params = params};
+      ASSERT_TRUE(needs_only_logits(SamplingInput{.params = c.params, .prompt = c.prompt, .output = c.output,
+                                                  .eos_token_ids = c.eos, .rng = draw_rng}));
+      const int32_t expected = sample(c, sampler_rng).token_id;
+      EXPECT_EQ(draw_token(copy, token_draw(params, draw_rng)), expected) << "temperature " << params.temperature;
+    }
+    EXPECT_EQ(sampler_rng(), draw_rng()) << "temperature " << params.temperature;
+  }
+}
+
+// What the backend's draw cannot do stays with the sampler: logprobs, logit bias, penalties, and EOS or stop ids
+// suppressed before min_tokens.
+TEST(Sampler, OnlyRequestsThatNeedNothingButLogitsGoToTheBackendsDraw) {
+  std::mt19937_64 rng(1);
+  const std::vector<int32_t> eos = {kEos}, none, one_token = {3};
+  const auto only_logits = [&](const SamplingParams& params, const std::vector<int32_t>& output,
+                               const std::vector<int32_t>& eos_ids) {
+    return needs_only_logits(
+        SamplingInput{.params = params, .prompt = one_token, .output = output, .eos_token_ids = eos_ids, .rng = rng});
+  };
+  EXPECT_TRUE(only_logits({}, none, eos));
+  EXPECT_TRUE(only_logits({.temperature = 0.5f, .top_p = 0.5f, .top_k = 3, .min_p = 0.1f, .seed = 4}, none, eos));
+  EXPECT_FALSE(only_logits({.logprobs = 0}, none, eos));
+  EXPECT_FALSE(only_logits({.logit_bias = {{2, 1.0f}}}, none, eos));
+  EXPECT_FALSE(only_logits({.repetition_penalty = 1.1f}, none, eos));
+  EXPECT_FALSE(only_logits({.frequency_penalty = 0.5f}, none, eos));
+  EXPECT_FALSE(only_logits({.presence_penalty = -0.5f}, none, eos));
+  EXPECT_FALSE(only_logits({.min_tokens = 2}, one_token, eos));                      // EOS still suppressed
+  EXPECT_TRUE(only_logits({.min_tokens = 1}, one_token, eos));                       // reached
+  EXPECT_TRUE(only_logits({.min_tokens = 2, .ignore_eos = true}, one_token, eos));   // nothing to suppress
+  EXPECT_FALSE(only_logits({.min_tokens = 2, .stop_token_ids = {5}, .ignore_eos = true}, one_token, eos));
+  EXPECT_TRUE(only_logits({.min_tokens = 2}, one_token, none));
+}
+
 TEST(SamplingParams, OutOfRangeValuesAreRefusedNamingTheField) {
   const auto refuses = [](SamplingParams p, const char* field) {
     try {

@@ -7,6 +7,9 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <memory>
+#include <random>
+#include <utility>
 #include <nlohmann/json.hpp>
 #include <span>
 #include <string>
@@ -102,6 +105,38 @@ inline std::vector<std::vector<float>> run_lockstep_decoding(Glm5NextModel& mode
     for (const auto& sequence : sequences) calls.push_back({sequence.get(), tokens.subspan(next, count)});
     const std::vector<std::vector<float>> logits = model.forward_batch(calls);
     for (size_t s = 0; s < sequences.size(); ++s) out[s].insert(out[s].end(), logits[s].begin(), logits[s].end());
+    next += count;
+  }
+  return out;
+}
+
+// Decoding with the tokens drawn on the backend (SequenceCall::draw): two sequences draw (one greedy, one at
+// temperature 0.8 with top_p 0.9 and top_k 40) while two twins get their logits in the same passes, and the host draws
+// from those (draw_token with the same u). Each pair: the backend's token, then the host's; every drawn call must
+// come back without logits (`returned_logits` counts those that did not).
+struct DrawnTokens {
+  std::vector<std::pair<int32_t, int32_t>> pairs;
+  int64_t returned_logits = 0;
+};
+
+inline DrawnTokens run_drawn_decoding(Glm5NextModel& model, const GoldenFixture& fixture) {
+  const std::span<const int32_t> tokens(fixture.tokens);
+  std::vector<std::unique_ptr<SequenceState>> sequences;
+  for (int s = 0; s < 4; ++s) sequences.push_back(model.new_sequence());
+  std::mt19937_64 rng(11);
+  DrawnTokens out;
+  for (size_t next = 0; next < tokens.size();) {
+    const size_t count = next == 0 ? static_cast<size_t>(fixture.prefill) : 1;
+    std::vector<BackendDraw> draws = {{.draw = TokenDraw{.temperature = 0.0f}},
+                                      {.draw = TokenDraw{.temperature = 0.8f, .top_p = 0.9f, .top_k = 40,
+                                                         .u = uniform_of(rng())}}};
+    std::vector<SequenceCall> calls;
+    for (size_t s = 0; s < sequences.size(); ++s) {
+      calls.push_back({sequences[s].get(), tokens.subspan(next, count), true, s < 2 ? &draws[s] : nullptr});
+    }
+    std::vector<std::vector<float>> logits = model.forward_batch(calls, ForwardOptions{.all_logits = false});
+    out.returned_logits += (logits[0].empty() ? 0 : 1) + (logits[1].empty() ? 0 : 1);
+    for (size_t s = 0; s < 2; ++s) out.pairs.emplace_back(draws[s].token, draw_token(logits[s + 2], draws[s].draw));
     next += count;
   }
   return out;

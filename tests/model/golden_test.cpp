@@ -108,6 +108,17 @@ TEST_P(GoldenTest, LockstepDecodingMatchesTransformers) {
   }
 }
 
+// Tokens drawn by the backend (the engine's path for requests that need nothing but logits) are the host's draws
+// from the same logits, and drawn calls hand back no logits.
+TEST_P(GoldenTest, TokensDrawnOnTheBackendAreTheHostsDraws) {
+  const GoldenFixture fixture = read_golden_fixture(GetParam());
+  CpuBackend backend;
+  const auto model = Glm5NextModel::load(fixture.dir, backend);
+  const testing::DrawnTokens drawn = testing::run_drawn_decoding(*model, fixture);
+  EXPECT_EQ(drawn.returned_logits, 0);
+  for (const auto& [token, expected] : drawn.pairs) EXPECT_EQ(token, expected);
+}
+
 // Profiling a pass (ForwardOptions::profile, `kestrel bench --profile`) times every part of the model the
 // fixture has, within the pass's own time, without changing what the pass computes.
 TEST_P(GoldenTest, ProfiledForwardTimesEachPartAndGivesTheSameLogits) {

@@ -14,6 +14,7 @@
 #include "backend/cuda/mla_weights.h"
 #include "backend/cuda/norm_kernels.h"
 #include "backend/cuda/router_kernels.h"
+#include "backend/cuda/sampling_kernels.h"
 #include "base/error.h"
 #include "base/log.h"
 
@@ -129,6 +130,36 @@ std::span<const float> CudaBackend::read_back(const float* src, size_t count) {
   auto* host = static_cast<float*>(read_back_.reserve(std::max<size_t>(count, 1) * sizeof(float)));
   copy_to_host(host, src, count * sizeof(float));
   return {host, count};
+}
+
+void CudaBackend::draw_tokens(float* logits, int64_t vocab, std::span<const TokenDraw> draws,
+                              std::span<int32_t> tokens) {
+  require(tokens.size() == draws.size(), "draw_tokens: {} tokens for {} draws", tokens.size(), draws.size());
+  if (draws.empty()) return;
+  // Rows go kMaxDrawRows at a time through one scratch (a sorted row takes 24 bytes a token), after the tokens.
+  const auto rows = static_cast<int64_t>(draws.size());
+  const int64_t group = std::min<int64_t>(rows, kMaxDrawRows);
+  const size_t token_bytes = (static_cast<size_t>(rows) * sizeof(int32_t) + 255) / 256 * 256;
+  const size_t bytes = token_bytes + draw_tokens_scratch_bytes(static_cast<int>(group), vocab);
+  auto* base = reinterpret_cast<char*>(draw_scratch_.floats((bytes + sizeof(float) - 1) / sizeof(float)));
+  auto* device_tokens = reinterpret_cast<int32_t*>(base);
+  for (int64_t first = 0; first < rows; first += group) {
+    DrawTokensArgs args;
+    args.rows = static_cast<int>(std::min(group, rows - first));
+    args.vocab = vocab;
+    args.logits = logits + first * vocab;
+    for (int i = 0; i < args.rows; ++i) {
+      const TokenDraw& d = draws[static_cast<size_t>(first + i)];
+      args.draws[i] = DeviceDraw{.temperature = d.temperature, .min_p = d.min_p, .top_p = d.top_p, .top_k = d.top_k,
+                                 .u = d.u};
+    }
+    args.tokens = device_tokens + first;
+    args.scratch = base + token_bytes;
+    check(cuda::draw_tokens(args, stream_), "draw_tokens");
+  }
+  auto* host = static_cast<int32_t*>(drawn_.reserve(static_cast<size_t>(rows) * sizeof(int32_t)));
+  copy_to_host(host, device_tokens, static_cast<size_t>(rows) * sizeof(int32_t));
+  std::copy(host, host + rows, tokens.begin());
 }
 
 void CudaBackend::synchronize() { check(cudaStreamSynchronize(stream_), "stream synchronize"); }

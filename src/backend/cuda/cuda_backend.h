@@ -41,6 +41,7 @@ public:
   void copy_to_host(void* host, const void* src, size_t bytes) override;
   void copy(void* dst, const void* src, size_t bytes) override;
   std::span<const float> read_back(const float* src, size_t count) override;
+  void draw_tokens(float* logits, int64_t vocab, std::span<const TokenDraw> draws, std::span<int32_t> tokens) override;
   void synchronize() override;
   std::optional<DeviceMemory> device_memory() override;
 
@@ -108,6 +109,8 @@ private:
   Scratch linear_scratch_, moe_scratch_, scratch_a_, scratch_b_;
   DeviceBuffer int_scratch_;  // the by-expert MoE path's token and slot lists
   PinnedBuffer read_back_;    // what read_back returns (the logits each step)
+  Scratch draw_scratch_;      // draw_tokens' tokens and sort arrays
+  PinnedBuffer drawn_;        // draw_tokens' tokens on their way to the host
   Gemm gemm_;                 // prefill-sized linears on the tensor cores (cuBLASLt, when it loads)
   // Matrices placed once per checkpoint tensor (a tied head is the embedding's copy).
   std::map<const std::byte*, std::weak_ptr<const PlacedWeight>> placed_by_data_;
