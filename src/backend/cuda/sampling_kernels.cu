@@ -1,3 +1,4 @@
+#include <cub/block/block_scan.cuh>
 #include <cub/device/device_radix_sort.cuh>
 
 #include <algorithm>
@@ -11,8 +12,9 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kMaxRowBlocks = 64;      // blocks over one row in the maxima and key passes
-constexpr int kWalkThreads = 512;
-constexpr int kChunk = 32 * 64;        // the walk's unit: one warp's 64 steps of 32 tokens
+constexpr int kWalkThreads = 256;
+constexpr int kTileItems = 16;
+constexpr int kTile = kWalkThreads * kTileItems;  // the walk's unit: 16 ranks a thread
 constexpr int64_t kAlign = 256;
 
 // Everything the kernels share: the caller's arguments, which rows are sorted and the scratch arrays.
@@ -27,6 +29,7 @@ struct DrawPlan {
   unsigned long long* keys_out = nullptr;
   int32_t* ids_in = nullptr;
   int32_t* ids_out = nullptr;
+  double* tile_sums = nullptr;            // [sorted, tiles]
   void* sort_scratch = nullptr;
   size_t sort_bytes = 0;
   int row_blocks = 1;
@@ -72,15 +75,6 @@ __device__ __forceinline__ unsigned long long warp_max(unsigned long long v) {
 
 __device__ __forceinline__ double warp_sum(double v) {
   for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, offset);
-  return v;
-}
-
-__device__ __forceinline__ double warp_inclusive_sum(double v) {
-  const int lane = static_cast<int>(threadIdx.x & 31u);
-  for (int offset = 1; offset < 32; offset <<= 1) {
-    const double other = __shfl_up_sync(0xFFFFFFFFu, v, offset);
-    if (lane >= offset) v += other;
-  }
   return v;
 }
 
@@ -153,37 +147,95 @@ __global__ void __launch_bounds__(kThreads) rank_keys_kernel(DrawPlan p) {
   if ((threadIdx.x & 31u) == 0 && kept != 0) atomicAdd(&p.kept[row], kept);
 }
 
-// The first place in chunk c (tokens below `limit`) where the running sum from `carry` reaches `target` (at or past
-// it when strict is false, past it when true), walked by one warp 32 tokens a step in ranking order; -1 when it does
-// not, with `sum` the chunk's running sum at its end (else at the place).
-__device__ int64_t walk_chunk(const unsigned long long* keys, float max_logit, int64_t c, int64_t limit, double carry,
-                              double target, bool strict, double& sum) {
-  const int lane = static_cast<int>(threadIdx.x & 31u);
-  double running = carry;
-  for (int step = 0; step < kChunk / 32; ++step) {
-    const int64_t j = c * kChunk + step * 32 + lane;
-    const double w = j < limit ? sampling_weight(__fsub_rn(logit_of(static_cast<uint32_t>(keys[j])), max_logit)) : 0.0;
-    const double after = running + warp_inclusive_sum(w);
-    const bool hit = j < limit && (strict ? after > target : after >= target);
-    const unsigned mask = __ballot_sync(0xFFFFFFFFu, hit);
-    if (mask != 0) {
-      const int first = __ffs(static_cast<int>(mask)) - 1;
-      sum = __shfl_sync(0xFFFFFFFFu, after, first);
-      return c * kChunk + step * 32 + first;
-    }
-    running = __shfl_sync(0xFFFFFFFFu, after, 31);
-    if (c * kChunk + (step + 1) * 32 >= limit) break;
-  }
-  sum = running;
-  return -1;
+__device__ __forceinline__ float rank_weight(const unsigned long long* keys, int64_t rank, float max_logit) {
+  return sampling_weight(__fsub_rn(logit_of(static_cast<uint32_t>(keys[rank])), max_logit));
 }
 
-// One block per sorted segment, its tokens in ranking order: top_k, the kept tokens' total (each warp sums whole
-// chunks, the chunks added in order), top_p's count and the draw, each place found by summing chunk totals on one
-// lane and walking the one chunk where the target falls.
-__global__ void __launch_bounds__(kWalkThreads) walk_kernel(DrawPlan p) {
-  extern __shared__ double chunk_sums[];
-  __shared__ int64_t boundary;
+// The block's sum of one double a thread, in a fixed order (deterministic); every thread gets it.
+__device__ double block_sum(double v, double* shared) {
+  const int lane = static_cast<int>(threadIdx.x & 31u), warp = static_cast<int>(threadIdx.x / 32);
+  v = warp_sum(v);
+  __syncthreads();  // `shared` may still be read by a previous call
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  double total = 0.0;
+  for (int w = 0; w < kWalkThreads / 32; ++w) total += shared[w];
+  return total;
+}
+
+// Grid (tiles, sorted): tile t's weight total over the segment's kept ranks (min_p's), kTile ranks a block, so that
+// the walk adds up whole tiles instead of summing the vocabulary on one block.
+__global__ void __launch_bounds__(kWalkThreads) tile_sums_kernel(DrawPlan p) {
+  __shared__ double warps[kWalkThreads / 32];
+  const int segment = static_cast<int>(blockIdx.y), row = p.sorted_row[segment];
+  const float max_logit = p.max_logit[row];
+  const int64_t kept = max_logit == -INFINITY ? 0 : p.kept[row], tiles = gridDim.x;
+  const unsigned long long* keys = p.keys_out + segment * p.args.vocab;
+  double sum = 0.0;
+#pragma unroll
+  for (int i = 0; i < kTileItems; ++i) {
+    const int64_t rank = static_cast<int64_t>(blockIdx.x) * kTile + i * kWalkThreads + threadIdx.x;
+    if (rank < kept) sum += rank_weight(keys, rank, max_logit);
+  }
+  sum = block_sum(sum, warps);
+  if (threadIdx.x == 0) p.tile_sums[segment * tiles + blockIdx.x] = sum;
+}
+
+// The walk of one tile by the block: thread i holds ranks t * kTile + i * kTileItems ..., the block's exclusive scan
+// of their sums gives each thread its running sum from `carry`, and each finds its first rank below `limit` where the
+// running sum reaches `target` (at or past it; past it when strict). The least such rank, with the running sum after
+// it in `after`; -1 when none, with `after` the running sum at the tile's end.
+struct TileWalk {
+  using Scan = cub::BlockScan<double, kWalkThreads>;
+  Scan::TempStorage scan;
+  double warps[kWalkThreads / 32];
+  unsigned long long hit;
+  double hit_after;
+};
+
+__device__ int64_t walk_tile(TileWalk& shared, const unsigned long long* keys, float max_logit, int64_t tile,
+                             int64_t limit, double carry, double target, bool strict, double& after) {
+  const int64_t first = tile * kTile + static_cast<int64_t>(threadIdx.x) * kTileItems;
+  float weights[kTileItems];
+  double sum = 0.0;
+#pragma unroll
+  for (int i = 0; i < kTileItems; ++i) {
+    weights[i] = first + i < limit ? rank_weight(keys, first + i, max_logit) : 0.0f;
+    sum += weights[i];
+  }
+  double before = 0.0, tile_total = 0.0;
+  TileWalk::Scan(shared.scan).ExclusiveSum(sum, before, tile_total);
+  if (threadIdx.x == 0) shared.hit = ~0ull;
+  __syncthreads();
+  double running = carry + before, mine = 0.0;
+  int64_t found = -1;
+#pragma unroll
+  for (int i = 0; i < kTileItems; ++i) {
+    running += weights[i];
+    if (found < 0 && first + i < limit && (strict ? running > target : running >= target)) {
+      found = first + i;
+      mine = running;
+    }
+  }
+  if (found >= 0) atomicMin(&shared.hit, static_cast<unsigned long long>(found));
+  __syncthreads();
+  if (found >= 0 && static_cast<unsigned long long>(found) == shared.hit) shared.hit_after = mine;
+  __syncthreads();
+  const bool hit = shared.hit != ~0ull;
+  const int64_t rank = hit ? static_cast<int64_t>(shared.hit) : -1;
+  after = hit ? shared.hit_after : carry + tile_total;
+  __syncthreads();  // the shared state is read by every thread before the next walk writes it
+  return rank;
+}
+
+// One block per sorted segment, its tokens in ranking order: top_k, the kept tokens' total (the tile totals added in
+// order), top_p's count and the draw, each place found by adding tile totals on one thread and walking the one tile
+// where the target falls.
+__global__ void __launch_bounds__(kWalkThreads) walk_kernel(DrawPlan p, int tiles) {
+  __shared__ TileWalk shared;
+  __shared__ unsigned long long boundary;
+  __shared__ int64_t chosen_tile;
+  __shared__ double chosen_before;
   const int segment = static_cast<int>(blockIdx.x), row = p.sorted_row[segment];
   const DeviceDraw& d = p.args.draws[row];
   const float max_logit = p.max_logit[row];
@@ -191,60 +243,57 @@ __global__ void __launch_bounds__(kWalkThreads) walk_kernel(DrawPlan p) {
   const int64_t V = p.args.vocab;
   const unsigned long long* keys = p.keys_out + segment * V;
   const int32_t* ids = p.ids_out + segment * V;
+  const double* tile_sums = p.tile_sums + segment * tiles;
   int64_t kept = p.kept[row];
-  const int warp = static_cast<int>(threadIdx.x / 32), lane = static_cast<int>(threadIdx.x & 31u);
-  constexpr int kWarps = kWalkThreads / 32;
 
   // top_k: the tokens at least as likely as the k-th, so also the run of its ties after it.
   if (d.top_k > 0 && d.top_k < kept) {
     const uint32_t kth = static_cast<uint32_t>(keys[d.top_k - 1]);
-    if (threadIdx.x == 0) boundary = kept;
+    if (threadIdx.x == 0) boundary = static_cast<unsigned long long>(kept);
     __syncthreads();
     for (int64_t start = d.top_k; start < kept; start += kWalkThreads) {
       const int64_t j = start + threadIdx.x;
-      if (j < kept && static_cast<uint32_t>(keys[j]) != kth) atomicMin(reinterpret_cast<unsigned long long*>(&boundary),
-                                                                         static_cast<unsigned long long>(j));
+      if (j < kept && static_cast<uint32_t>(keys[j]) != kth) atomicMin(&boundary, static_cast<unsigned long long>(j));
       __syncthreads();
-      const bool found = boundary < kept;
+      const bool found = boundary < static_cast<unsigned long long>(kept);
       __syncthreads();
       if (found) break;
     }
-    kept = boundary;
+    kept = static_cast<int64_t>(boundary);
   }
 
-  const int64_t chunks = (kept + kChunk - 1) / kChunk;
-  for (int64_t c = warp; c < chunks; c += kWarps) {
+  // The weight of the first `limit` ranks: whole tiles' totals, then a walk of the tile that `limit` cuts.
+  const auto mass_below = [&](int64_t limit) {
+    const int64_t whole = limit / kTile;
     double sum = 0.0;
-    for (int step = 0; step < kChunk / 32; ++step) {
-      const int64_t j = c * kChunk + step * 32 + lane;
-      if (j < kept) sum += sampling_weight(__fsub_rn(logit_of(static_cast<uint32_t>(keys[j])), max_logit));
-    }
-    sum = warp_sum(sum);
-    if (lane == 0) chunk_sums[c] = sum;
-  }
-  __syncthreads();
-  if (warp != 0) return;
-
-  // The chunk where `target` falls among the first `limit` tokens, whose weights add up to `limit_mass` (the last
-  // chunk when no earlier one reaches it), and the sum before it: chunk totals added in order on lane 0.
-  const auto find_chunk = [&](int64_t limit, double limit_mass, double target, bool strict, double& before) {
-    int64_t found = 0;
-    double acc = 0.0;
-    if (lane == 0) {
-      const int64_t last = (limit + kChunk - 1) / kChunk - 1;
-      for (int64_t c = 0; c <= last; ++c) {
-        const double sum = c == last ? limit_mass - acc : chunk_sums[c];
-        found = c;
-        if (c == last || (strict ? acc + sum > target : acc + sum >= target)) break;
+    for (int64_t t = 0; t < whole; ++t) sum += tile_sums[t];
+    if (limit % kTile == 0) return sum;
+    double after = 0.0;
+    (void)walk_tile(shared, keys, max_logit, whole, limit, sum, INFINITY, false, after);
+    return after;
+  };
+  // The rank where the running sum over the first `limit` ranks reaches `target`: the tile found by adding tile
+  // totals on thread 0 (the last tile when none before it reaches it), then that tile's walk.
+  const auto find_rank = [&](int64_t limit, double target, bool strict, double& after) {
+    if (threadIdx.x == 0) {
+      const int64_t last = (limit + kTile - 1) / kTile - 1;
+      double acc = 0.0;
+      int64_t t = 0;
+      for (; t < last; ++t) {
+        const double sum = tile_sums[t];
+        if (strict ? acc + sum > target : acc + sum >= target) break;
         acc += sum;
       }
+      chosen_tile = t;
+      chosen_before = acc;
     }
-    before = __shfl_sync(0xFFFFFFFFu, acc, 0);
-    return __shfl_sync(0xFFFFFFFFu, found, 0);
+    __syncthreads();
+    const int64_t tile = chosen_tile;
+    const double before = chosen_before;
+    return walk_tile(shared, keys, max_logit, tile, limit, before, target, strict, after);
   };
 
-  double total = 0.0;
-  for (int64_t c = 0; c < chunks; ++c) total += chunk_sums[c];
+  const double total = mass_below(kept);
   int64_t count = kept;
   double mass = total;
   if (d.top_p < 1.0f && kept > 0) {
@@ -253,36 +302,29 @@ __global__ void __launch_bounds__(kWalkThreads) walk_kernel(DrawPlan p) {
     if (!(0.0 < target)) {
       count = 0;
     } else {
-      double before = 0.0, sum = 0.0;
-      const int64_t c = find_chunk(kept, total, target, false, before);
-      const int64_t j = walk_chunk(keys, max_logit, c, kept, before, target, false, sum);
-      count = j >= 0 ? j + 1 : min(kept, (c + 1) * kChunk);  // not reached, by rounding: through the chunk
-      mass = j < 0 && count == kept ? total : sum;
+      double after = 0.0;
+      const int64_t rank = find_rank(kept, target, false, after);
+      count = rank >= 0 ? rank + 1 : kept;  // not reached, by rounding: all of them
+      mass = rank >= 0 ? after : total;
     }
   }
 
   int64_t token_rank = 0;
   if (count > 0) {
-    const double target = d.u * mass;
-    double before = 0.0, sum = 0.0;
-    const int64_t c = find_chunk(count, mass, target, true, before);
-    token_rank = walk_chunk(keys, max_logit, c, count, before, target, true, sum);
+    double after = 0.0;
+    token_rank = find_rank(count, d.u * mass, true, after);
     if (token_rank < 0) {
       // Past the end: the least likely kept token that weighs anything, else the most likely.
-      token_rank = 0;
-      for (int64_t start = ((count - 1) / 32) * 32; start >= 0; start -= 32) {
-        const int64_t j = start + lane;
-        const bool weighs =
-            j < count && sampling_weight(__fsub_rn(logit_of(static_cast<uint32_t>(keys[j])), max_logit)) > 0.0f;
-        const unsigned mask = __ballot_sync(0xFFFFFFFFu, weighs);
-        if (mask != 0) {
-          token_rank = start + 31 - __clz(static_cast<int>(mask));
-          break;
-        }
+      if (threadIdx.x == 0) boundary = 0;
+      __syncthreads();
+      for (int64_t j = threadIdx.x; j < count; j += kWalkThreads) {
+        if (rank_weight(keys, j, max_logit) > 0.0f) atomicMax(&boundary, static_cast<unsigned long long>(j));
       }
+      __syncthreads();
+      token_rank = static_cast<int64_t>(boundary);
     }
   }
-  if (lane == 0) p.args.tokens[row] = ids[token_rank];
+  if (threadIdx.x == 0) p.args.tokens[row] = ids[token_rank];
 }
 
 int64_t aligned(int64_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
@@ -318,6 +360,7 @@ int64_t lay_out(DrawPlan* plan, char* base, int rows, int64_t vocab) {
   char* keys_out = take(rows * vocab * sizeof(unsigned long long));
   char* ids_in = take(rows * vocab * sizeof(int32_t));
   char* ids_out = take(rows * vocab * sizeof(int32_t));
+  char* tile_sums = take(rows * ((vocab + kTile - 1) / kTile) * static_cast<int64_t>(sizeof(double)));
   const size_t sort_bytes = sort_scratch_bytes(rows, vocab);
   char* sort = take(static_cast<int64_t>(sort_bytes));
   if (plan != nullptr) {
@@ -328,6 +371,7 @@ int64_t lay_out(DrawPlan* plan, char* base, int rows, int64_t vocab) {
     plan->keys_out = reinterpret_cast<unsigned long long*>(keys_out);
     plan->ids_in = reinterpret_cast<int32_t*>(ids_in);
     plan->ids_out = reinterpret_cast<int32_t*>(ids_out);
+    plan->tile_sums = reinterpret_cast<double*>(tile_sums);
     plan->sort_scratch = sort;
     plan->sort_bytes = sort_bytes;
   }
@@ -364,9 +408,9 @@ cudaError_t draw_tokens(const DrawTokensArgs& args, cudaStream_t stream) {
       plan.sort_scratch, sort_bytes, plan.keys_in, plan.keys_out, plan.ids_in, plan.ids_out,
       plan.sorted * args.vocab, 0, 32 + row_bits(plan.sorted), stream);
   if (status != cudaSuccess) return status;
-  const size_t shared = static_cast<size_t>((args.vocab + kChunk - 1) / kChunk) * sizeof(double);
-  if (shared > 48 * 1024) return cudaErrorInvalidValue;
-  walk_kernel<<<plan.sorted, kWalkThreads, shared, stream>>>(plan);
+  const auto tiles = static_cast<int>((args.vocab + kTile - 1) / kTile);
+  tile_sums_kernel<<<dim3(tiles, plan.sorted), kWalkThreads, 0, stream>>>(plan);
+  walk_kernel<<<plan.sorted, kWalkThreads, 0, stream>>>(plan, tiles);
   return cudaGetLastError();
 }
 
