@@ -4,8 +4,10 @@
 //   greedy argmax (temperature < 1e-5; ties to the lower id)  or  logits / temperature → min_p → top_k (ties with
 //   the k-th logit kept) → top_p (smallest set, most likely first, whose mass reaches p) → one draw.
 // The draw is one uniform double from the request's own generator (mt19937_64, seeded with the request's seed),
-// walked through the kept tokens from most to least likely; a greedy step draws nothing. A token thus depends only on
-// the request's logits, its tokens so far and its generator, never on the rest of the batch.
+// taken before the logits are looked at and walked through the kept tokens from most to least likely (that last
+// stage is backend/token_draw.h's draw_token, which a backend may run where the logits are); a greedy step draws
+// nothing. A token thus depends only on the request's logits, its tokens so far and its generator, never on the rest
+// of the batch.
 #pragma once
 
 #include <cstdint>

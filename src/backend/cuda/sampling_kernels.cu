@@ -11,7 +11,7 @@ namespace kestrel::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kMaxRowBlocks = 64;      // blocks over one row in the maxima and key passes
+constexpr int kMaxRowBlocks = 256;     // blocks over one row in the maxima and key passes
 constexpr int kWalkThreads = 256;
 constexpr int kTileItems = 16;
 constexpr int kTile = kWalkThreads * kTileItems;  // the walk's unit: 16 ranks a thread
@@ -395,7 +395,7 @@ cudaError_t draw_tokens(const DrawTokensArgs& args, cudaStream_t stream) {
     if (!greedy(args.draws[row])) plan.sorted_row[plan.sorted++] = row;
   }
   (void)lay_out(&plan, static_cast<char*>(args.scratch), args.rows, args.vocab);
-  constexpr int64_t kRowBlockTokens = 16 * kThreads;  // a block's share of a row: 16 tokens a thread or more
+  constexpr int64_t kRowBlockTokens = 4 * kThreads;  // a block's share of a row: 4 tokens a thread or more (loads in flight)
   plan.row_blocks =
       static_cast<int>(std::min<int64_t>(kMaxRowBlocks, (args.vocab + kRowBlockTokens - 1) / kRowBlockTokens));
 
