@@ -66,6 +66,9 @@ echo "== whole forward at the real dimensions (4 layers) =="
 synthetic="${KESTREL_SYNTHETIC:-/dev/shm/kestrel_synthetic}"
 [ -f "$synthetic/config.json" ] || python3 tools/make_synthetic_glm5.py --out "$synthetic" --layers 4 > /dev/null
 "$kestrel" bench --device cuda --model "$synthetic" --contexts 1024 --sequences 1,4,16,64 --profile; forward_rc=$?
+for draw in greedy sample; do  # the step as the engine ends it: tokens drawn on the GPU and fed back
+  "$kestrel" bench --device cuda --model "$synthetic" --contexts 1024 --sequences 1,4,16,64 --draw $draw || forward_rc=1
+done
 "$kestrel" bench --device cuda --model "$synthetic" --contexts 131072 --sequences 1 --steps 32; long_rc=$?
 "$kestrel" bench --device cuda --model "$synthetic" --prefill-lengths 2048,8192,32768 --prefill-chunk 8192 \
   --contexts 1024 --sequences 1 --steps 4 --profile; prefill_rc=$?

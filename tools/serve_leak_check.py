@@ -51,6 +51,11 @@ def one_request(url, model, index, max_tokens):
                f"reverse the words: red green blue {index}", "hello"]
     body = {"model": model, "messages": [{"role": "user", "content": prompts[index % len(prompts)]}],
             "max_tokens": max_tokens, "temperature": 0.0 if index % 3 else 0.8, "stream": index % 2 == 0}
+    # Most tokens are drawn on the GPU; logprobs and penalties send a request's logits to the host sampler instead.
+    if index % 5 == 1:
+        body.update({"logprobs": True, "top_logprobs": 2})
+    elif index % 5 == 3:
+        body["frequency_penalty"] = 0.5
     status, _ = post(url + "/v1/chat/completions", body)
     return status
 
