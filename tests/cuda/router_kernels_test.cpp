@@ -25,8 +25,9 @@ TEST(CudaRouterTest, MatchesCpuSelectionAndWeights) {
   CpuBackend cpu;
   const int64_t T = 19;
   uint32_t seed = 1;
+  // GLM-5.3-Flash's one group, DeepSeek's 8 groups of which 4 are kept, and 4 groups all kept (no masking).
   for (const Case c : {Case{288, 8, 1, 1, true}, Case{24, 4, 1, 1, true}, Case{256, 8, 8, 4, true},
-                       Case{64, 6, 1, 1, false}}) {
+                       Case{64, 6, 1, 1, false}, Case{96, 6, 4, 4, true}}) {
     std::vector<float> logits = random_values(static_cast<size_t>(T * c.experts), ++seed, 2.0f);
     // Token 0: every logit equal, so the selection is decided by the tie rule alone.
     std::fill(logits.begin(), logits.begin() + c.experts, 0.5f);

@@ -369,8 +369,8 @@ void launch(DenseWeightType type, const void* weight, int64_t out_features, int6
                    split_vectors, scratch, stream);
     if (used_splits > 1) {
       const int64_t count = n * out_features;
-      sum_splits<<<static_cast<unsigned>((count + 255) / 256), 256, 0, stream>>>(
-          scratch, count, static_cast<int>(used_splits), y + t * out_features);
+      static_cast<void>(launch_dependent(sum_splits, dim3(static_cast<unsigned>((count + 255) / 256)), dim3(256), 0,
+                                         stream, scratch, count, static_cast<int>(used_splits), y + t * out_features));
     }
   }
 }
@@ -411,6 +411,7 @@ void launch_mma(const DenseGroupMember* members, int count, int64_t in_features,
 
 template <typename W>
 __global__ void gather_rows_kernel(const W* table, int64_t cols, const int32_t* ids, float* out) {
+  wait_for_previous_grid();
   const W* row = table + static_cast<int64_t>(ids[blockIdx.x]) * cols;
   for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) out[blockIdx.x * cols + i] = to_float(row[i]);
 }
@@ -418,8 +419,8 @@ __global__ void gather_rows_kernel(const W* table, int64_t cols, const int32_t* 
 template <typename W>
 void launch_gather(const void* table, int64_t cols, const int32_t* ids, int64_t num_tokens, float* out,
                    cudaStream_t stream) {
-  gather_rows_kernel<W><<<static_cast<unsigned>(num_tokens), 256, 0, stream>>>(static_cast<const W*>(table), cols, ids,
-                                                                              out);
+  static_cast<void>(launch_dependent(gather_rows_kernel<W>, dim3(static_cast<unsigned>(num_tokens)), dim3(256), 0,
+                                     stream, static_cast<const W*>(table), cols, ids, out));
 }
 
 // Calls f(W{}) with W the element type of `type`.

@@ -6,6 +6,7 @@
 #include <cuda_fp16.h>
 
 #include "backend/cuda/block_reduce.cuh"
+#include "backend/cuda/dependent_launch.cuh"
 #include "backend/cuda/dsa_kernels.h"
 #include "backend/cuda/dynamic_shared.cuh"
 #include "backend/cuda/mma.cuh"
@@ -35,6 +36,7 @@ __device__ __forceinline__ const float* latent_row(const SparseMlaDeviceArgs& a,
 // One thread per element of rows [first_row, ...) (the cache's pool is written: DevicePagedRows is const for the
 // readers).
 __global__ void write_paged_rows_kernel(DevicePagedRows rows, int64_t first_row, const float* src, int64_t n) {
+  wait_for_previous_grid();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
   const int64_t row = first_row + i / rows.row_width, column = i % rows.row_width;
@@ -47,6 +49,7 @@ __global__ void write_paged_rows_kernel(DevicePagedRows rows, int64_t first_row,
 __global__ void __launch_bounds__(kThreads)
     kpool_compress_kernel(DevicePagedRows keys, DevicePagedRows gates, const float* ape, int64_t first_pool,
                           int64_t num_pools, int64_t kpool, float* pooled) {
+  wait_for_previous_grid();
   const int64_t dim = keys.row_width, index = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   if (index >= num_pools * dim) return;
   const int64_t c = index % dim, first_row = (first_pool + index / dim) * kpool;
@@ -97,6 +100,7 @@ __device__ __forceinline__ float head_term(float dot, float weight, float softma
 // CPU's sequence of roundings.
 __global__ void __launch_bounds__(kThreads)
     indexer_scores_kernel(IndexerDeviceArgs a, ScoreLayout l, float softmax_scale) {
+  wait_for_previous_grid();
   extern __shared__ float4 shared_vectors[];
   const int64_t t = blockIdx.x, first = static_cast<int64_t>(blockIdx.y) * l.tile;
   const int64_t visible = visible_pools(a, t);
@@ -205,6 +209,7 @@ __device__ void pick_digit(const int* bins, int shift, uint32_t* prefix, int* ne
 // One block per token: the score of its keep-th best pool by a radix select, then the chosen pools in index order
 // (those above that score, and the lowest-indexed ones equal to it), each thread walking a contiguous run of pools.
 __global__ void __launch_bounds__(kThreads) indexer_topk_kernel(IndexerDeviceArgs a) {
+  wait_for_previous_grid();
   __shared__ int bins[256];
   __shared__ int scan[kWarps];
   __shared__ uint32_t cut;
@@ -328,6 +333,7 @@ constexpr int kAbsorbRanks = 64;
 constexpr int kAbsorbGroups = kThreads / kAbsorbRanks;
 
 __global__ void __launch_bounds__(kThreads) absorb_query_kernel(SparseMlaDeviceArgs a) {
+  wait_for_previous_grid();
   extern __shared__ float4 shared_vectors[];
   float* q = reinterpret_cast<float*>(shared_vectors);  // [qk_head_dim]
   __shared__ float sums[kAbsorbGroups][kAbsorbRanks];
@@ -357,6 +363,7 @@ __global__ void __launch_bounds__(kThreads) absorb_query_kernel(SparseMlaDeviceA
 // end), the output accumulator [rank] (each thread owns the same ranks throughout), q [qk_head_dim], the step's
 // probabilities [kLatentChunk].
 __global__ void __launch_bounds__(kThreads) sparse_mla_kernel(SparseMlaDeviceArgs a) {
+  wait_for_previous_grid();
   extern __shared__ float4 shared_vectors[];
   __shared__ float running_max, running_total, rescale;
   const int rank = static_cast<int>(a.kv_lora_rank), qk = static_cast<int>(a.qk_head_dim);
@@ -448,6 +455,7 @@ constexpr int kRowChunk = 32;  // one position per lane in the softmax step
 
 template <int RankPerLane>
 __global__ void __launch_bounds__(kThreads) sparse_mla_heads_kernel(SparseMlaDeviceArgs a) {
+  wait_for_previous_grid();
   constexpr int kRank = 32 * RankPerLane;
   extern __shared__ float4 shared_vectors[];
   float* rows = reinterpret_cast<float*>(shared_vectors);  // [kRowChunk, kRank]
@@ -584,8 +592,7 @@ bool launch_heads_kernel(const SparseMlaDeviceArgs& a, int64_t parts, cudaStream
     const dim3 grid(static_cast<unsigned>(a.num_tokens),
                     static_cast<unsigned>((a.num_heads + kHeadsPerBlock - 1) / kHeadsPerBlock),
                     static_cast<unsigned>(parts));
-    sparse_mla_heads_kernel<RankPerLane><<<grid, kThreads, shared, stream>>>(a);
-    status = cudaGetLastError();
+    status = launch_dependent(sparse_mla_heads_kernel<RankPerLane>, grid, dim3(kThreads), shared, stream, a);
     return true;
   }
 }
@@ -594,6 +601,7 @@ bool launch_heads_kernel(const SparseMlaDeviceArgs& a, int64_t parts, cudaStream
 // written over the pair's q̂ in the scratch (attention has read it). Every thread of the pair computes the same
 // weights and total, in part order.
 __global__ void __launch_bounds__(kThreads) merge_parts_kernel(SparseMlaDeviceArgs a, int parts) {
+  wait_for_previous_grid();
   const int rank = static_cast<int>(a.kv_lora_rank);
   const int64_t pair = blockIdx.x;
   const int r = static_cast<int>(blockIdx.y) * kThreads + static_cast<int>(threadIdx.x);
@@ -616,6 +624,7 @@ __global__ void __launch_bounds__(kThreads) merge_parts_kernel(SparseMlaDeviceAr
 constexpr int kProjectRows = 32;
 
 __global__ void __launch_bounds__(kThreads) project_merged_kernel(SparseMlaDeviceArgs a) {
+  wait_for_previous_grid();
   extern __shared__ float4 shared_vectors[];
   const int rank = static_cast<int>(a.kv_lora_rank), vd = static_cast<int>(a.v_head_dim);
   const int64_t pair = blockIdx.x, t = pair / a.num_heads, h = pair % a.num_heads;
@@ -852,8 +861,8 @@ cudaError_t write_paged_rows(const DevicePagedRows& rows, int64_t first_row, con
   if (n == 0) return cudaSuccess;
   const int64_t blocks = (n + kThreads - 1) / kThreads;
   if (blocks > INT_MAX) return cudaErrorInvalidValue;
-  write_paged_rows_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(rows, first_row, src, n);
-  return cudaGetLastError();
+  return launch_dependent(write_paged_rows_kernel, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), 0, stream, rows,
+                          first_row, src, n);
 }
 
 cudaError_t kpool_compress(const DevicePagedRows& keys, const DevicePagedRows& gates, const float* ape,
@@ -866,9 +875,8 @@ cudaError_t kpool_compress(const DevicePagedRows& keys, const DevicePagedRows& g
   if (num_pools == 0) return cudaSuccess;
   const int64_t blocks = (num_pools * dim + kThreads - 1) / kThreads;
   if (blocks > INT_MAX) return cudaErrorInvalidValue;
-  kpool_compress_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(keys, gates, ape, first_pool,
-                                                                               num_pools, kpool, pooled);
-  return cudaGetLastError();
+  return launch_dependent(kpool_compress_kernel, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), 0, stream, keys,
+                          gates, ape, first_pool, num_pools, kpool, pooled);
 }
 
 namespace {
@@ -885,11 +893,13 @@ cudaError_t launch_indexer(const IndexerDeviceArgs& a, cudaStream_t stream) {
     if (const cudaError_t status = allow_shared(indexer_scores_kernel, shared); status != cudaSuccess) return status;
     const float softmax_scale = 1.0f / std::sqrt(static_cast<float>(a.head_dim));  // as the CPU computes it
     const dim3 grid(static_cast<unsigned>(a.num_tokens), static_cast<unsigned>(tiles));
-    indexer_scores_kernel<<<grid, kThreads, shared, stream>>>(a, layout, softmax_scale);
-    if (const cudaError_t status = cudaGetLastError(); status != cudaSuccess) return status;
+    if (const cudaError_t status =
+            launch_dependent(indexer_scores_kernel, grid, dim3(kThreads), shared, stream, a, layout, softmax_scale);
+        status != cudaSuccess) {
+      return status;
+    }
   }
-  indexer_topk_kernel<<<static_cast<unsigned>(a.num_tokens), kThreads, 0, stream>>>(a);
-  return cudaGetLastError();
+  return launch_dependent(indexer_topk_kernel, dim3(static_cast<unsigned>(a.num_tokens)), dim3(kThreads), 0, stream, a);
 }
 
 }  // namespace
@@ -958,7 +968,11 @@ cudaError_t sparse_mla_attention(const SparseMlaDeviceArgs& a, cudaStream_t stre
       return status;
     }
     const auto rank_blocks = static_cast<unsigned>((a.kv_lora_rank + kAbsorbRanks - 1) / kAbsorbRanks);
-    absorb_query_kernel<<<dim3(pairs, rank_blocks), kThreads, absorb_shared, stream>>>(a);
+    if (const cudaError_t status =
+            launch_dependent(absorb_query_kernel, dim3(pairs, rank_blocks), dim3(kThreads), absorb_shared, stream, a);
+        status != cudaSuccess) {
+      return status;
+    }
   }
   cudaError_t status = cudaSuccess;
   if (!launch_heads_kernel(a, parts, stream, status)) {
@@ -967,22 +981,25 @@ cudaError_t sparse_mla_attention(const SparseMlaDeviceArgs& a, cudaStream_t stre
         static_cast<size_t>((kLatentChunk + 2) * a.kv_lora_rank + a.qk_head_dim + kLatentChunk) * sizeof(float);
     status = allow_shared(sparse_mla_kernel, shared);
     if (status == cudaSuccess) {
-      sparse_mla_kernel<<<dim3(pairs, static_cast<unsigned>(parts)), kThreads, shared, stream>>>(a);
-      status = cudaGetLastError();
+      status = launch_dependent(sparse_mla_kernel, dim3(pairs, static_cast<unsigned>(parts)), dim3(kThreads), shared,
+                                stream, a);
     }
   }
   if (status != cudaSuccess) return status;
   if (parts > 1) {
     // The parts merged once per pair, then W_UV applied by many blocks a pair.
     const auto rank_blocks = static_cast<unsigned>((a.kv_lora_rank + kThreads - 1) / kThreads);
-    merge_parts_kernel<<<dim3(pairs, rank_blocks), kThreads, 0, stream>>>(a, static_cast<int>(parts));
+    status = launch_dependent(merge_parts_kernel, dim3(pairs, rank_blocks), dim3(kThreads), 0, stream, a,
+                              static_cast<int>(parts));
+    if (status != cudaSuccess) return status;
     const size_t project_shared = static_cast<size_t>(a.kv_lora_rank) * sizeof(float);
     status = allow_shared(project_merged_kernel, project_shared);
     if (status != cudaSuccess) return status;
     const auto row_blocks = static_cast<unsigned>((a.v_head_dim + kProjectRows - 1) / kProjectRows);
-    project_merged_kernel<<<dim3(pairs, row_blocks), kThreads, project_shared, stream>>>(a);
+    return launch_dependent(project_merged_kernel, dim3(pairs, row_blocks), dim3(kThreads), project_shared, stream,
+                            a);
   }
-  return cudaGetLastError();
+  return cudaSuccess;
 }
 
 bool sparse_mla_mma_supported(int64_t num_tokens, int64_t num_heads, int64_t positions_stride, int64_t kv_lora_rank) {

@@ -25,6 +25,7 @@ __global__ void clamped_swiglu_kernel(const float* gate, const float* up, int64_
 }
 
 __global__ void split_bf16_kernel(const float* x, int64_t n, uint16_t* high, uint16_t* low) {
+  wait_for_previous_grid();
   const int64_t i = element_index();
   if (i >= n) return;
   const __nv_bfloat16 h = __float2bfloat16_rn(x[i]);
@@ -33,27 +34,32 @@ __global__ void split_bf16_kernel(const float* x, int64_t n, uint16_t* high, uin
 }
 
 __global__ void to_f16_kernel(const float* x, int64_t n, uint16_t* out) {
+  wait_for_previous_grid();
   const int64_t i = element_index();
   if (i < n) out[i] = __half_as_ushort(__float2half_rn(x[i]));
 }
 
 __global__ void sigmoid_kernel(float* x, int64_t n) {
+  wait_for_previous_grid();
   const int64_t i = element_index();
   if (i < n) x[i] = 1.0f / (1.0f + expf(-x[i]));
 }
 
 __global__ void scale_kernel(float* x, int64_t n, float factor) {
+  wait_for_previous_grid();
   const int64_t i = element_index();
   if (i < n) x[i] *= factor;
 }
 
 __global__ void add_kernel(const float* x, int64_t n, float* y) {
+  wait_for_previous_grid();
   const int64_t i = element_index();
   if (i < n) y[i] += x[i];
 }
 
 // i indexes [T, hidden].
 __global__ void stream_mean_kernel(const float* streams, int64_t n, int64_t hc_mult, int64_t hidden, float* out) {
+  wait_for_previous_grid();
   const int64_t i = element_index();
   if (i >= n) return;
   const int64_t t = i / hidden, d = i % hidden;
@@ -64,6 +70,7 @@ __global__ void stream_mean_kernel(const float* streams, int64_t n, int64_t hc_m
 
 // i indexes [T, hc, hidden].
 __global__ void stream_expand_kernel(const float* x, int64_t n, int64_t hc_mult, int64_t hidden, float* streams) {
+  wait_for_previous_grid();
   const int64_t i = element_index();
   if (i >= n) return;
   const int64_t d = i % hidden, t = i / (hc_mult * hidden);
@@ -73,6 +80,7 @@ __global__ void stream_expand_kernel(const float* x, int64_t n, int64_t hc_mult,
 // i indexes [T, hidden].
 __global__ void weighted_slot_sum_kernel(const float* slots, const float* weights, int64_t n, int64_t top_k,
                                          int64_t hidden, float* out) {
+  wait_for_previous_grid();
   const int64_t i = element_index();
   if (i >= n) return;
   const int64_t t = i / hidden, d = i % hidden;
@@ -82,92 +90,88 @@ __global__ void weighted_slot_sum_kernel(const float* slots, const float* weight
 }
 
 __global__ void fill_kernel(float* x, int64_t n, float value) {
+  wait_for_previous_grid();
   const int64_t i = element_index();
   if (i < n) x[i] = value;
 }
 
 // i indexes [rows, cols] of src.
 __global__ void scatter_rows_kernel(const float* src, const int32_t* rows, int64_t n, int64_t cols, float* out) {
+  wait_for_previous_grid();
   const int64_t i = element_index();
   if (i < n) out[static_cast<int64_t>(rows[i / cols]) * cols + i % cols] = src[i];
+}
+
+// kernel over n elements, a thread each; a dependent launch (each kernel waits for the previous one's writes first).
+template <typename... Params, typename... Args>
+cudaError_t launch_elementwise(void (*kernel)(Params...), int64_t n, cudaStream_t stream, Args... args) {
+  return launch_dependent(kernel, dim3(blocks_for(n)), dim3(kThreads), 0, stream, args...);
 }
 
 }  // namespace
 
 cudaError_t fill(float* x, int64_t n, float value, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  fill_kernel<<<blocks_for(n), kThreads, 0, stream>>>(x, n, value);
-  return cudaGetLastError();
+  return launch_elementwise(fill_kernel, n, stream, x, n, value);
 }
 
 cudaError_t scatter_rows(const float* src, const int32_t* rows, int64_t num_rows, int64_t cols, float* out,
                          cudaStream_t stream) {
   const int64_t n = num_rows * cols;
   if (n == 0) return cudaSuccess;
-  scatter_rows_kernel<<<blocks_for(n), kThreads, 0, stream>>>(src, rows, n, cols, out);
-  return cudaGetLastError();
+  return launch_elementwise(scatter_rows_kernel, n, stream, src, rows, n, cols, out);
 }
 
 cudaError_t clamped_swiglu(const float* gate, const float* up, int64_t n, float limit, float* out,
                            cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  // A dependent launch (the activation feeds the down projection): the next kernel's start overlaps this one.
-  return launch_dependent(clamped_swiglu_kernel, dim3(blocks_for(n)), dim3(kThreads), 0, stream, gate, up, n, limit,
-                          out);
+  return launch_elementwise(clamped_swiglu_kernel, n, stream, gate, up, n, limit, out);
 }
 
 cudaError_t split_bf16(const float* x, int64_t n, uint16_t* high, uint16_t* low, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  split_bf16_kernel<<<blocks_for(n), kThreads, 0, stream>>>(x, n, high, low);
-  return cudaGetLastError();
+  return launch_elementwise(split_bf16_kernel, n, stream, x, n, high, low);
 }
 
 cudaError_t to_f16(const float* x, int64_t n, uint16_t* out, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  to_f16_kernel<<<blocks_for(n), kThreads, 0, stream>>>(x, n, out);
-  return cudaGetLastError();
+  return launch_elementwise(to_f16_kernel, n, stream, x, n, out);
 }
 
 cudaError_t sigmoid(float* x, int64_t n, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  sigmoid_kernel<<<blocks_for(n), kThreads, 0, stream>>>(x, n);
-  return cudaGetLastError();
+  return launch_elementwise(sigmoid_kernel, n, stream, x, n);
 }
 
 cudaError_t scale(float* x, int64_t n, float factor, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  scale_kernel<<<blocks_for(n), kThreads, 0, stream>>>(x, n, factor);
-  return cudaGetLastError();
+  return launch_elementwise(scale_kernel, n, stream, x, n, factor);
 }
 
 cudaError_t add(const float* x, int64_t n, float* y, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  add_kernel<<<blocks_for(n), kThreads, 0, stream>>>(x, n, y);
-  return cudaGetLastError();
+  return launch_elementwise(add_kernel, n, stream, x, n, y);
 }
 
 cudaError_t stream_mean(const float* streams, int64_t num_tokens, int64_t hc_mult, int64_t hidden, float* out,
                         cudaStream_t stream) {
   const int64_t n = num_tokens * hidden;
   if (n == 0) return cudaSuccess;
-  stream_mean_kernel<<<blocks_for(n), kThreads, 0, stream>>>(streams, n, hc_mult, hidden, out);
-  return cudaGetLastError();
+  return launch_elementwise(stream_mean_kernel, n, stream, streams, n, hc_mult, hidden, out);
 }
 
 cudaError_t stream_expand(const float* x, int64_t num_tokens, int64_t hc_mult, int64_t hidden, float* streams,
                           cudaStream_t stream) {
   const int64_t n = num_tokens * hc_mult * hidden;
   if (n == 0) return cudaSuccess;
-  stream_expand_kernel<<<blocks_for(n), kThreads, 0, stream>>>(x, n, hc_mult, hidden, streams);
-  return cudaGetLastError();
+  return launch_elementwise(stream_expand_kernel, n, stream, x, n, hc_mult, hidden, streams);
 }
 
 cudaError_t weighted_slot_sum(const float* slots, const float* weights, int64_t num_tokens, int64_t top_k,
                               int64_t hidden, float* out, cudaStream_t stream) {
   const int64_t n = num_tokens * hidden;
   if (n == 0) return cudaSuccess;
-  weighted_slot_sum_kernel<<<blocks_for(n), kThreads, 0, stream>>>(slots, weights, n, top_k, hidden, out);
-  return cudaGetLastError();
+  return launch_elementwise(weighted_slot_sum_kernel, n, stream, slots, weights, n, top_k, hidden, out);
 }
 
 }  // namespace kestrel::cuda

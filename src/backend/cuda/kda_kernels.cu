@@ -7,6 +7,7 @@
 #include "backend/cuda/dependent_launch.cuh"
 #include "backend/cuda/dynamic_shared.cuh"
 #include "backend/cuda/kda_kernels.h"
+#include "backend/cuda/mma.cuh"
 
 namespace kestrel::cuda {
 
@@ -333,14 +334,30 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock, 2) kda_recurrent_kernel(K
 // the block holds the head's whole state and every intermediate stays in shared memory. Its first 3 D threads run
 // the conv of one q, k or v channel each (updating that channel's conv state, which no other block touches); the
 // warps then take the head's D rows of f_b and of g_b (a row a warp at a time: lane l sums inputs l, l + 32, ...,
-// then the warp's butterfly), the token's step on their columns, and the block norms the head's output.
+// then the warp's butterfly), the token's step on their columns, and the block norms the head's output. The head's
+// rows of f_b and g_b (two D x D bf16 blocks, kda_decode_shared_bytes) are copied into shared memory before the
+// wait, so that their loads overlap the projection before this kernel rather than lie on the step's path.
+template <int D>
+constexpr size_t kda_decode_shared_bytes() {
+  return 2 * size_t{D} * D * sizeof(__nv_bfloat16);
+}
+
 template <int D>
 __global__ void __launch_bounds__(8 * D) kda_decode_kernel(KdaDecodeDeviceArgs a, DecodeStates states) {
   __shared__ float qkv[3 * D], lows[2 * D], gates[D], out_gate[D], attended[D], reduce[32];
+  extern __shared__ uint4 gate_rows_vectors[];
+  const auto* gate_rows = reinterpret_cast<const __nv_bfloat16*>(gate_rows_vectors);  // [f_b rows; g_b rows]
   const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, column0 = (tid / 32) * kColumnsPerWarp;
   const int64_t h = blockIdx.x, s = blockIdx.y, C = a.num_heads * D, row = s * C + h * D;
-  // The state was last written by this layer's launch of the previous step, many launches back: every launch before
-  // the previous one has finished when a dependent launch starts, so it is read before the wait.
+  // The weights, then the state: it was last written by this layer's launch of the previous step, many launches
+  // back, and every launch before the previous one has finished when a dependent launch starts.
+  constexpr int kBlockVectors = D * D * 2 / 16;  // 16-byte vectors in one D x D bf16 block
+  for (int i = tid; i < 2 * kBlockVectors; i += 8 * D) {
+    const bool forget = i < kBlockVectors;
+    const auto* source = static_cast<const uint4*>(forget ? a.f_b : a.g_b) + h * kBlockVectors;
+    copy_async_16(gate_rows_vectors + i, source + (forget ? i : i - kBlockVectors), true);
+  }
+  copy_async_commit();
   float* state = states.recurrent[s] + h * D * D;
   StateColumns<D> columns = load_columns<D>(state, column0, lane);
   wait_for_previous_grid();
@@ -353,6 +370,7 @@ __global__ void __launch_bounds__(8 * D) kda_decode_kernel(KdaDecodeDeviceArgs a
     conv_channel(x + s * C, 0, 1, C, h * D + c, a.conv_kernel, weight, conv_state, &qkv[tid], 0, true);
   }
   if (tid < 2 * D) lows[tid] = tid < D ? a.f_low[s * D + tid] : a.gate_low[s * D + tid - D];
+  copy_async_wait_all();
   __syncthreads();
 
   constexpr int kWarps = D / kColumnsPerWarp;
@@ -360,7 +378,7 @@ __global__ void __launch_bounds__(8 * D) kda_decode_kernel(KdaDecodeDeviceArgs a
   for (int r = warp; r < 2 * D; r += kWarps) {
     const bool forget = r < D;
     const int c = forget ? r : r - D;
-    const auto* weight = static_cast<const __nv_bfloat16*>(forget ? a.f_b : a.g_b) + (h * D + c) * D;
+    const __nv_bfloat16* weight = gate_rows + r * D;  // row c of f_b, or of g_b for r >= D
     const float* low = lows + (forget ? 0 : D);
     float sum = 0.0f;
 #pragma unroll
@@ -431,6 +449,14 @@ bool head_dim_ok(int64_t D) { return D == 16 || D == 32 || D == 64 || D == 128; 
 
 bool aligned_state(const float* state) { return reinterpret_cast<uintptr_t>(state) % 16 == 0; }
 
+template <int D>
+cudaError_t launch_decode_kernel(dim3 grid, const KdaDecodeDeviceArgs& args, const DecodeStates& states,
+                                 cudaStream_t stream) {
+  const size_t shared = kda_decode_shared_bytes<D>();
+  if (const cudaError_t status = allow_shared(kda_decode_kernel<D>, shared); status != cudaSuccess) return status;
+  return launch_dependent(kda_decode_kernel<D>, grid, dim3(8 * D), shared, stream, args, states);
+}
+
 }  // namespace
 
 cudaError_t kda_recurrent(const KdaDeviceArgs& args, cudaStream_t stream) {
@@ -478,14 +504,13 @@ cudaError_t kda_decode_steps(const KdaDecodeDeviceArgs& args, float* const* conv
     part.gate_low += first * args.head_dim;
     part.out += first * width;
     const dim3 grid(static_cast<unsigned>(args.num_heads), static_cast<unsigned>(count));
-    const int threads = 8 * static_cast<int>(args.head_dim);
-    // Dependent launch: the block's state load overlaps the projection before it.
+    // Dependent launch: the block's weight and state loads overlap the projection before it.
     cudaError_t status = cudaSuccess;
     switch (args.head_dim) {
-      case 16: status = launch_dependent(kda_decode_kernel<16>, grid, dim3(threads), 0, stream, part, table); break;
-      case 32: status = launch_dependent(kda_decode_kernel<32>, grid, dim3(threads), 0, stream, part, table); break;
-      case 64: status = launch_dependent(kda_decode_kernel<64>, grid, dim3(threads), 0, stream, part, table); break;
-      default: status = launch_dependent(kda_decode_kernel<128>, grid, dim3(threads), 0, stream, part, table); break;
+      case 16: status = launch_decode_kernel<16>(grid, part, table, stream); break;
+      case 32: status = launch_decode_kernel<32>(grid, part, table, stream); break;
+      case 64: status = launch_decode_kernel<64>(grid, part, table, stream); break;
+      default: status = launch_decode_kernel<128>(grid, part, table, stream); break;
     }
     if (status != cudaSuccess) return status;
   }

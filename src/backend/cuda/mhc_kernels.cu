@@ -73,6 +73,7 @@ __device__ void site_weights_by_warp(const float* m, const float* base, const fl
 
 // One block per token: the weights, then the block collapses the streams.
 __global__ void __launch_bounds__(kThreads) mhc_mix_kernel(MhcMixArgs a) {
+  wait_for_previous_grid();
   __shared__ float pre[kMaxHcMult];
   __shared__ float c[kMaxHcMult * kMaxHcMult];
   const int64_t t = blockIdx.x, hc = a.hc_mult, mix = (2 + hc) * hc;
@@ -106,6 +107,7 @@ __device__ __forceinline__ float post_mixed(const float* comb, int64_t hc, int64
 __global__ void __launch_bounds__(kThreads) mhc_post_kernel(const float* post, const float* comb,
                                                             const float* block_out, int64_t hc, int64_t hidden,
                                                             float* streams) {
+  wait_for_previous_grid();
   const int64_t t = blockIdx.x, d = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;
   if (d >= hidden) return;
   float* x = streams + t * hc * hidden;
@@ -276,8 +278,8 @@ int64_t site_slices(int64_t hidden) { return (hidden + kSiteChannels - 1) / kSit
 cudaError_t mhc_mix(const MhcMixArgs& args, cudaStream_t stream) {
   if (args.hc_mult < 1 || args.hc_mult > kMaxHcMult || args.sinkhorn_iters < 1) return cudaErrorInvalidValue;
   if (args.num_tokens == 0) return cudaSuccess;
-  mhc_mix_kernel<<<static_cast<unsigned>(args.num_tokens), kThreads, 0, stream>>>(args);
-  return cudaGetLastError();
+  return launch_dependent(mhc_mix_kernel, dim3(static_cast<unsigned>(args.num_tokens)), dim3(kThreads), 0, stream,
+                          args);
 }
 
 cudaError_t mhc_post(const float* post, const float* comb, const float* block_out, int64_t num_tokens,
@@ -285,8 +287,8 @@ cudaError_t mhc_post(const float* post, const float* comb, const float* block_ou
   if (hc_mult < 1 || hc_mult > kMaxHcMult) return cudaErrorInvalidValue;
   if (num_tokens == 0) return cudaSuccess;
   const dim3 grid(static_cast<unsigned>(num_tokens), static_cast<unsigned>((hidden + kThreads - 1) / kThreads));
-  mhc_post_kernel<<<grid, kThreads, 0, stream>>>(post, comb, block_out, hc_mult, hidden, streams);
-  return cudaGetLastError();
+  return launch_dependent(mhc_post_kernel, grid, dim3(kThreads), 0, stream, post, comb, block_out, hc_mult, hidden,
+                          streams);
 }
 
 int64_t mhc_site_scratch_floats(int64_t num_tokens, int64_t hc_mult, int64_t hidden) {

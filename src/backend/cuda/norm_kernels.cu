@@ -46,6 +46,7 @@ __global__ void __launch_bounds__(kThreads)
 
 __global__ void __launch_bounds__(kThreads)
     layer_norm_rows(const float* x, int64_t n, const float* weight, const float* bias, float eps, float* y) {
+  wait_for_previous_grid();
   __shared__ float shared[32];
   const float* in = x + blockIdx.x * n;
   float* out = y + blockIdx.x * n;
@@ -72,8 +73,8 @@ cudaError_t rms_norm(const float* x, int64_t rows, int64_t n, const float* weigh
 cudaError_t layer_norm(const float* x, int64_t rows, int64_t n, const float* weight, const float* bias, float eps,
                        float* y, cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
-  layer_norm_rows<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(x, n, weight, bias, eps, y);
-  return cudaGetLastError();
+  return launch_dependent(layer_norm_rows, dim3(static_cast<unsigned>(rows)), dim3(kThreads), 0, stream, x, n, weight,
+                          bias, eps, y);
 }
 
 cudaError_t gated_rms_norm(const float* x, const float* gate, int64_t rows, int64_t n, const float* weight, float eps,

@@ -1,6 +1,7 @@
 #include <climits>
 
 #include "backend/cuda/router_kernels.h"
+#include "backend/cuda/dependent_launch.cuh"
 
 namespace kestrel::cuda {
 
@@ -43,12 +44,14 @@ __global__ void __launch_bounds__(32) route_kernel(RouterDeviceArgs a) {
   float* kept = group_scores + groups;
   const int64_t t = blockIdx.x;
   const int lane = static_cast<int>(threadIdx.x);
+  wait_for_previous_grid();
   for (int e = lane; e < E; e += 32) {
     scores[e] = 1.0f / (1.0f + expf(-a.logits[t * E + e]));
     choice[e] = work[e] = scores[e] + (a.correction_bias ? a.correction_bias[e] : 0.0f);
   }
   __syncwarp();
-  for (int g = 0; g < groups; ++g) {
+  // Group masking, unless every group is kept (GLM-5.3-Flash: one group): then it would keep every expert.
+  for (int g = 0; g < groups && a.topk_group < groups; ++g) {
     float* members = work + g * group_size;
     const int first = warp_best(members, group_size);
     const float top = members[first];
@@ -61,7 +64,7 @@ __global__ void __launch_bounds__(32) route_kernel(RouterDeviceArgs a) {
   }
   for (int g = lane; g < groups; g += 32) kept[g] = 0.0f;
   __syncwarp();
-  for (int64_t k = 0; k < a.topk_group; ++k) {
+  for (int64_t k = 0; k < a.topk_group && a.topk_group < groups; ++k) {
     const int g = warp_best(group_scores, groups);
     __syncwarp();
     if (lane == 0) {
@@ -70,7 +73,9 @@ __global__ void __launch_bounds__(32) route_kernel(RouterDeviceArgs a) {
     }
     __syncwarp();
   }
-  for (int e = lane; e < E; e += 32) work[e] = kept[e / group_size] != 0.0f ? choice[e] : -INFINITY;
+  for (int e = lane; e < E; e += 32) {
+    work[e] = a.topk_group == groups || kept[e / group_size] != 0.0f ? choice[e] : -INFINITY;
+  }
   __syncwarp();
   float total = 0.0f;
   for (int64_t i = 0; i < a.top_k; ++i) {
@@ -100,8 +105,7 @@ cudaError_t route_experts(const RouterDeviceArgs& a, cudaStream_t stream) {
   if (!valid) return cudaErrorInvalidValue;
   if (a.num_tokens == 0) return cudaSuccess;
   const size_t shared = static_cast<size_t>(3 * a.num_experts + 2 * a.n_group) * sizeof(float);
-  route_kernel<<<static_cast<unsigned>(a.num_tokens), 32, shared, stream>>>(a);
-  return cudaGetLastError();
+  return launch_dependent(route_kernel, dim3(static_cast<unsigned>(a.num_tokens)), dim3(32), shared, stream, a);
 }
 
 }  // namespace kestrel::cuda
