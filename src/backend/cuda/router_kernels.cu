@@ -50,31 +50,32 @@ __global__ void __launch_bounds__(32) route_kernel(RouterDeviceArgs a) {
     choice[e] = work[e] = scores[e] + (a.correction_bias ? a.correction_bias[e] : 0.0f);
   }
   __syncwarp();
-  // Group masking, unless every group is kept (GLM-5.3-Flash: one group): then it would keep every expert.
-  for (int g = 0; g < groups && a.topk_group < groups; ++g) {
-    float* members = work + g * group_size;
-    const int first = warp_best(members, group_size);
-    const float top = members[first];
-    __syncwarp();
-    if (lane == 0) members[first] = -INFINITY;
-    __syncwarp();
-    const int second = warp_best(members, group_size);
-    if (lane == 0) group_scores[g] = top + members[second];
-    __syncwarp();
-  }
-  for (int g = lane; g < groups; g += 32) kept[g] = 0.0f;
-  __syncwarp();
-  for (int64_t k = 0; k < a.topk_group && a.topk_group < groups; ++k) {
-    const int g = warp_best(group_scores, groups);
-    __syncwarp();
-    if (lane == 0) {
-      kept[g] = 1.0f;
-      group_scores[g] = -INFINITY;
+  // Group masking (the topk_group groups with the best two-member sums keep their experts), unless every group is
+  // kept (GLM-5.3-Flash: one group), when it would change nothing.
+  if (a.topk_group < groups) {
+    for (int g = 0; g < groups; ++g) {
+      float* members = work + g * group_size;
+      const int first = warp_best(members, group_size);
+      const float top = members[first];
+      __syncwarp();
+      if (lane == 0) members[first] = -INFINITY;
+      __syncwarp();
+      const int second = warp_best(members, group_size);
+      if (lane == 0) group_scores[g] = top + members[second];
+      __syncwarp();
     }
+    for (int g = lane; g < groups; g += 32) kept[g] = 0.0f;
     __syncwarp();
-  }
-  for (int e = lane; e < E; e += 32) {
-    work[e] = a.topk_group == groups || kept[e / group_size] != 0.0f ? choice[e] : -INFINITY;
+    for (int64_t k = 0; k < a.topk_group; ++k) {
+      const int g = warp_best(group_scores, groups);
+      __syncwarp();
+      if (lane == 0) {
+        kept[g] = 1.0f;
+        group_scores[g] = -INFINITY;
+      }
+      __syncwarp();
+    }
+    for (int e = lane; e < E; e += 32) work[e] = kept[e / group_size] != 0.0f ? choice[e] : -INFINITY;
   }
   __syncwarp();
   float total = 0.0f;
