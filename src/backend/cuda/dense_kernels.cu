@@ -67,6 +67,7 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
   constexpr int kVector = 16 / sizeof(W);
   constexpr bool kScaled = std::is_same_v<W, __nv_fp8_e4m3>;
   constexpr int kLoads = kRows == 1 ? kUnroll : kUnroll / 2;  // registers: kRows * kLoads vectors in flight
+  wait_for_previous_grid();
   const int lane = static_cast<int>(threadIdx.x & 31u);
   const int64_t first_row = (static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32) * kRows;
   if (first_row >= out_features) return;
@@ -337,8 +338,9 @@ __global__ void __launch_bounds__(256) sum_splits(const float* partial, int64_t 
 template <typename W, int kTokens>
 void launch_pass(dim3 grid, const void* weight, int64_t out_features, int64_t in_features, const float* x, float* y,
                  const BlockScales& scales, int64_t split_vectors, float* partial, cudaStream_t stream) {
-  dense_gemv<W, kTokens, rows_per_warp(kTokens)><<<grid, 32 * kWarpsPerBlock, 0, stream>>>(
-      static_cast<const W*>(weight), out_features, in_features, x, y, scales, split_vectors, partial);
+  static_cast<void>(launch_dependent(dense_gemv<W, kTokens, rows_per_warp(kTokens)>, grid, dim3(32 * kWarpsPerBlock), 0,
+                                     stream, static_cast<const W*>(weight), out_features, in_features, x, y, scales,
+                                     split_vectors, partial));
 }
 
 template <typename W>

@@ -292,6 +292,23 @@ struct MlaMatrix {
     return bf16 ? __bfloat162float(static_cast<const __nv_bfloat16*>(data)[first + i])
                 : static_cast<const float*>(data)[first + i];
   }
+  // Elements i .. i + 7 by 16-byte loads (i and `first` multiples of 8, the array 16-byte aligned).
+  __device__ __forceinline__ void eight_at(int64_t i, float (&v)[8]) const {
+    if (bf16) {
+      const uint4 raw = *reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(data) + first + i);
+      const auto* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const float2 f = __bfloat1622float2(pairs[k]);
+        v[2 * k] = f.x;
+        v[2 * k + 1] = f.y;
+      }
+    } else {
+      const auto* quads = reinterpret_cast<const float4*>(static_cast<const float*>(data) + first + i);
+      const float4 lo = quads[0], hi = quads[1];
+      v[0] = lo.x, v[1] = lo.y, v[2] = lo.z, v[3] = lo.w, v[4] = hi.x, v[5] = hi.y, v[6] = hi.z, v[7] = hi.w;
+    }
+  }
 };
 
 // Heads of one block of sparse_mla_heads_kernel: each staged latent row serves all of them.
@@ -311,49 +328,82 @@ __device__ void absorb_query(const SparseMlaDeviceArgs& a, int64_t t, int64_t h,
   }
 }
 
-// Rows [first, last) of out[t, h] = W_UV[h] ô, ô in shared memory, by the whole block.
+// Rows [first, last) of out[t, h] = W_UV[h] ô, ô in shared memory, by the whole block: a warp a row, lane l summing
+// its 8-value runs l, l + 32, ... of the row by 16-byte loads where the rank is a multiple of 8, else values l, l + 32,
+// ..., then the warp's butterfly.
 __device__ void project_values(const SparseMlaDeviceArgs& a, int64_t t, int64_t h, const float* o_latent, int first,
                                int last) {
   const int rank = static_cast<int>(a.kv_lora_rank), vd = static_cast<int>(a.v_head_dim);
   const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
   const MlaMatrix w_uv{a.w_uv, a.weights_bf16, h * vd * rank};
   float* out = a.out + (t * a.num_heads + h) * vd;
+  const bool vectors = rank % 8 == 0;
   for (int v = first + warp; v < last; v += kWarps) {
     float sum = 0.0f;
-    for (int r = lane; r < rank; r += 32) sum += w_uv.at(v * rank + r) * o_latent[r];
+    if (vectors) {
+      for (int r = 8 * lane; r < rank; r += 8 * 32) {
+        float w[8];
+        w_uv.eight_at(static_cast<int64_t>(v) * rank + r, w);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) sum += w[k] * o_latent[r + k];
+      }
+    } else {
+      for (int r = lane; r < rank; r += 32) sum += w_uv.at(v * rank + r) * o_latent[r];
+    }
     sum = warp_sum(sum);
     if (lane == 0) out[v] = sum;
   }
 }
 
 // Split calls: q̂ into the scratch once for all the parts, by blocks of (token × head, kAbsorbRanks ranks), so that
-// W_UK (qk_head_dim × rank per head) is read by many SMs at once rather than one block per head. Thread (g, r)
-// sums the qk dimensions g, g + kAbsorbGroups, ...; the groups' sums are added in group order.
+// W_UK (qk_head_dim × rank per head) is read by many SMs at once rather than one block per head. With the rank a
+// multiple of 8 (GLM-5.3-Flash's 512), thread (g, c) reads ranks 8c .. 8c + 7 of the block's as one 16-byte load per
+// qk dimension and sums the dimensions g, g + kAbsorbRowGroups, ...; otherwise thread (g, r) sums rank r's dimensions
+// g, g + kAbsorbGroups, ... one value at a time. The groups' sums are added in group order.
 constexpr int kAbsorbRanks = 64;
 constexpr int kAbsorbGroups = kThreads / kAbsorbRanks;
+constexpr int kAbsorbRowGroups = kThreads / (kAbsorbRanks / 8);
 
 __global__ void __launch_bounds__(kThreads) absorb_query_kernel(SparseMlaDeviceArgs a) {
   wait_for_previous_grid();
   extern __shared__ float4 shared_vectors[];
   float* q = reinterpret_cast<float*>(shared_vectors);  // [qk_head_dim]
-  __shared__ float sums[kAbsorbGroups][kAbsorbRanks];
+  __shared__ float sums[kAbsorbRowGroups][kAbsorbRanks];
   const int rank = static_cast<int>(a.kv_lora_rank), qk = static_cast<int>(a.qk_head_dim);
   const int64_t pair = blockIdx.x, h = pair % a.num_heads;
-  const int r = static_cast<int>(blockIdx.y) * kAbsorbRanks + static_cast<int>(threadIdx.x) % kAbsorbRanks;
-  const int group = static_cast<int>(threadIdx.x) / kAbsorbRanks;
-  for (int d = threadIdx.x; d < qk; d += kThreads) q[d] = a.query[pair * qk + d];
+  const int tid = static_cast<int>(threadIdx.x), first_rank = static_cast<int>(blockIdx.y) * kAbsorbRanks;
+  for (int d = tid; d < qk; d += kThreads) q[d] = a.query[pair * qk + d];
   __syncthreads();
-  float sum = 0.0f;
-  if (r < rank) {
-    const MlaMatrix w_uk{a.w_uk, a.weights_bf16, h * qk * rank};
-    for (int d = group; d < qk; d += kAbsorbGroups) sum += q[d] * w_uk.at(d * rank + r);
+  const MlaMatrix w_uk{a.w_uk, a.weights_bf16, h * qk * rank};
+  const bool vectors = rank % 8 == 0;
+  int groups = kAbsorbGroups;
+  if (vectors) {
+    groups = kAbsorbRowGroups;
+    const int column = tid % (kAbsorbRanks / 8), group = tid / (kAbsorbRanks / 8), r = first_rank + 8 * column;
+    float sum[8] = {};
+    if (r < rank) {
+      for (int d = group; d < qk; d += kAbsorbRowGroups) {
+        float w[8];
+        w_uk.eight_at(static_cast<int64_t>(d) * rank + r, w);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) sum[k] += q[d] * w[k];
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < 8; ++k) sums[group][8 * column + k] = sum[k];
+  } else {
+    const int r = first_rank + tid % kAbsorbRanks, group = tid / kAbsorbRanks;
+    float sum = 0.0f;
+    if (r < rank) {
+      for (int d = group; d < qk; d += kAbsorbGroups) sum += q[d] * w_uk.at(d * rank + r);
+    }
+    sums[group][tid % kAbsorbRanks] = sum;
   }
-  sums[group][threadIdx.x % kAbsorbRanks] = sum;
   __syncthreads();
-  if (group == 0 && r < rank) {
+  if (tid < kAbsorbRanks && first_rank + tid < rank) {
     float total = 0.0f;
-    for (int g = 0; g < kAbsorbGroups; ++g) total += sums[g][threadIdx.x];
-    a.scratch[pair * rank + r] = total;
+    for (int g = 0; g < groups; ++g) total += sums[g][tid];
+    a.scratch[pair * rank + first_rank + tid] = total;
   }
 }
 

@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "backend/cuda/sampling_kernels.h"
+#include "backend/cuda/dependent_launch.cuh"
 
 namespace kestrel::cuda {
 
@@ -81,6 +82,7 @@ __device__ __forceinline__ double warp_sum(double v) {
 // Grid (row_blocks, rows): each block's largest rank key of its share of the row (the logit's ordered bits, then the
 // id inverted, so the first largest wins), over logits above -inf (NaN never).
 __global__ void __launch_bounds__(kThreads) row_maxima_kernel(DrawPlan p) {
+  wait_for_previous_grid();
   const int row = static_cast<int>(blockIdx.y);
   const DeviceDraw& d = p.args.draws[row];
   const int64_t V = p.args.vocab;
@@ -108,6 +110,7 @@ __global__ void __launch_bounds__(kThreads) row_maxima_kernel(DrawPlan p) {
 // One warp per row: the row's largest key. Greedy rows take its id (0 when no logit is above -inf); the others keep
 // the largest logit for the weights (-inf: the draw gives 0, as the host's).
 __global__ void __launch_bounds__(32) finish_maxima_kernel(DrawPlan p) {
+  wait_for_previous_grid();
   const int row = static_cast<int>(blockIdx.x);
   const int lane = static_cast<int>(threadIdx.x);
   unsigned long long best = 0;
@@ -127,6 +130,7 @@ __global__ void __launch_bounds__(32) finish_maxima_kernel(DrawPlan p) {
 // Grid (row_blocks, sorted): segment s's keys and ids for the sort, a token min_p drops (or NaN, or -inf) with an
 // ordered logit of 0 so that it sorts after every kept one; the kept tokens counted.
 __global__ void __launch_bounds__(kThreads) rank_keys_kernel(DrawPlan p) {
+  wait_for_previous_grid();
   const int segment = static_cast<int>(blockIdx.y), row = p.sorted_row[segment];
   const DeviceDraw& d = p.args.draws[row];
   const int64_t V = p.args.vocab;
@@ -166,6 +170,7 @@ __device__ double block_sum(double v, double* shared) {
 // Grid (tiles, sorted): tile t's weight total over the segment's kept ranks (min_p's), kTile ranks a block, so that
 // the walk adds up whole tiles instead of summing the vocabulary on one block.
 __global__ void __launch_bounds__(kWalkThreads) tile_sums_kernel(DrawPlan p) {
+  wait_for_previous_grid();
   __shared__ double warps[kWalkThreads / 32];
   const int segment = static_cast<int>(blockIdx.y), row = p.sorted_row[segment];
   const float max_logit = p.max_logit[row];
@@ -232,6 +237,7 @@ __device__ int64_t walk_tile(TileWalk& shared, const unsigned long long* keys, f
 // order), top_p's count and the draw, each place found by adding tile totals on one thread and walking the one tile
 // where the target falls.
 __global__ void __launch_bounds__(kWalkThreads) walk_kernel(DrawPlan p, int tiles) {
+  wait_for_previous_grid();
   __shared__ TileWalk shared;
   __shared__ unsigned long long boundary;
   __shared__ int64_t chosen_tile;
@@ -399,19 +405,30 @@ cudaError_t draw_tokens(const DrawTokensArgs& args, cudaStream_t stream) {
   plan.row_blocks =
       static_cast<int>(std::min<int64_t>(kMaxRowBlocks, (args.vocab + kRowBlockTokens - 1) / kRowBlockTokens));
 
-  row_maxima_kernel<<<dim3(plan.row_blocks, args.rows), kThreads, 0, stream>>>(plan);
-  finish_maxima_kernel<<<args.rows, 32, 0, stream>>>(plan);
-  if (plan.sorted == 0) return cudaGetLastError();
-  rank_keys_kernel<<<dim3(plan.row_blocks, plan.sorted), kThreads, 0, stream>>>(plan);
+  // Dependent launches: each kernel's launch overlaps the one before it (the first, the lm_head's tail).
+  if (const cudaError_t status =
+          launch_dependent(row_maxima_kernel, dim3(plan.row_blocks, args.rows), dim3(kThreads), 0, stream, plan);
+      status != cudaSuccess) {
+    return status;
+  }
+  if (const cudaError_t status = launch_dependent(finish_maxima_kernel, dim3(args.rows), dim3(32), 0, stream, plan);
+      status != cudaSuccess || plan.sorted == 0) {
+    return status;
+  }
+  if (const cudaError_t status =
+          launch_dependent(rank_keys_kernel, dim3(plan.row_blocks, plan.sorted), dim3(kThreads), 0, stream, plan);
+      status != cudaSuccess) {
+    return status;
+  }
   size_t sort_bytes = plan.sort_bytes;
   cudaError_t status = cub::DeviceRadixSort::SortPairsDescending(
       plan.sort_scratch, sort_bytes, plan.keys_in, plan.keys_out, plan.ids_in, plan.ids_out,
       plan.sorted * args.vocab, 0, 32 + row_bits(plan.sorted), stream);
   if (status != cudaSuccess) return status;
   const auto tiles = static_cast<int>((args.vocab + kTile - 1) / kTile);
-  tile_sums_kernel<<<dim3(tiles, plan.sorted), kWalkThreads, 0, stream>>>(plan);
-  walk_kernel<<<plan.sorted, kWalkThreads, 0, stream>>>(plan, tiles);
-  return cudaGetLastError();
+  status = launch_dependent(tile_sums_kernel, dim3(tiles, plan.sorted), dim3(kWalkThreads), 0, stream, plan);
+  if (status != cudaSuccess) return status;
+  return launch_dependent(walk_kernel, dim3(plan.sorted), dim3(kWalkThreads), 0, stream, plan, tiles);
 }
 
 }  // namespace kestrel::cuda
