@@ -73,6 +73,12 @@ done
 "$kestrel" bench --device cuda --model "$synthetic" --prefill-lengths 2048,8192,32768 --prefill-chunk 8192 \
   --contexts 1024 --sequences 1 --steps 4 --profile; prefill_rc=$?
 "$step_bench" "$synthetic" 64; step_rc=$?
+trace="$(dirname "$step_bench")/kestrel_cuda_kernel_trace"
+if [ -x "$trace" ]; then  # a one-stream step's kernels as they ran (CUPTI records); a diagnostic, not in the summary
+  trace_csv="$(mktemp)"
+  "$trace" "$synthetic" 4 > "$trace_csv" && python3 tools/kernel_trace_table.py "$trace_csv"
+  rm -f "$trace_csv"
+fi
 
 echo "== summary =="
 echo "tests:          $(verdict $tests_rc)"
