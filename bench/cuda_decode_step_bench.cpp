@@ -5,11 +5,8 @@
 // (default 64); the prompt is 1,024 random tokens.
 #include <cuda_runtime_api.h>
 
-#include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
-#include <exception>
 #include <random>
 #include <thread>
 #include <vector>
@@ -18,6 +15,7 @@
 #include "backend/cuda/device_runtime.h"
 #include "base/error.h"
 #include "model/glm5_next.h"
+#include "model_bench_main.h"
 
 namespace kestrel::cuda {
 namespace {
@@ -74,18 +72,5 @@ int run(const std::string& model_dir, int steps) {
 }  // namespace kestrel::cuda
 
 int main(int argc, char** argv) {
-  try {
-    if (argc < 2) {
-      std::fprintf(stderr, "usage: kestrel_cuda_decode_step_bench MODEL_DIR [steps]\n");
-      return 2;
-    }
-    if (kestrel::cuda::device_count() == 0) {
-      std::fprintf(stderr, "kestrel_cuda_decode_step_bench: no CUDA device\n");
-      return 1;
-    }
-    return kestrel::cuda::run(argv[1], argc > 2 ? std::max(1, std::atoi(argv[2])) : 64);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "kestrel_cuda_decode_step_bench: %s\n", e.what());
-    return 1;
-  }
+  return kestrel::cuda::model_bench_main(argc, argv, "kestrel_cuda_decode_step_bench", 64, kestrel::cuda::run);
 }

@@ -13,7 +13,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <exception>
 #include <memory>
 #include <mutex>
 #include <random>
@@ -24,6 +23,7 @@
 #include "backend/cuda/device_runtime.h"
 #include "base/error.h"
 #include "model/glm5_next.h"
+#include "model_bench_main.h"
 
 namespace kestrel::cuda {
 namespace {
@@ -136,18 +136,5 @@ int run(const std::string& model_dir, int steps) {
 }  // namespace kestrel::cuda
 
 int main(int argc, char** argv) {
-  try {
-    if (argc < 2) {
-      std::fprintf(stderr, "usage: kestrel_cuda_kernel_trace MODEL_DIR [steps]\n");
-      return 2;
-    }
-    if (kestrel::cuda::device_count() == 0) {
-      std::fprintf(stderr, "kestrel_cuda_kernel_trace: no CUDA device\n");
-      return 1;
-    }
-    return kestrel::cuda::run(argv[1], argc > 2 ? std::max(1, std::atoi(argv[2])) : 4);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "kestrel_cuda_kernel_trace: %s\n", e.what());
-    return 1;
-  }
+  return kestrel::cuda::model_bench_main(argc, argv, "kestrel_cuda_kernel_trace", 4, kestrel::cuda::run);
 }
