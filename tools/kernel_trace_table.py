@@ -4,10 +4,12 @@
     build/kestrel_cuda_kernel_trace /dev/shm/s 4 > trace.csv
     python3 tools/kernel_trace_table.py trace.csv [--step N]
 
-One line per kernel of the step (the last by default): its start from the step's first kernel, its duration, and the
+One line per kernel of the step (the last by default): its start from the step's first kernel, its duration, the
 gap since the latest end of any kernel before it (negative: it started while an earlier one was still running, as a
-dependent launch does). Then the step's span (first start to last end), the sum of the kernels' durations, the time
-no kernel ran, and the durations summed by kernel name.
+dependent launch does), and how much later than that latest end it ended (what it added to the step: a dependent
+launch's duration counts its wait for the kernel before, this does not; the column sums to the span). Then the
+step's span (first start to last end), the sum of the kernels' durations, the time no kernel ran, and durations and
+additions summed by kernel name.
 """
 import argparse
 import collections
@@ -32,24 +34,28 @@ def main() -> int:
         return 1
     latest_end, idle, busy = None, 0, 0
     by_name = collections.Counter()
+    added_by_name = collections.Counter()
     print(f"step {step}: {len(kernels)} kernels")
-    print(f"{'start us':>9} {'dur us':>8} {'gap us':>8}  grid          kernel")
+    print(f"{'start us':>9} {'dur us':>8} {'gap us':>8} {'adds us':>8}  grid          kernel")
     for k in kernels:
         start, end = int(k["start_ns"]), int(k["end_ns"])
         gap = 0 if latest_end is None else start - latest_end
         if gap > 0:
             idle += gap
+        added = end - start if latest_end is None else max(0, end - latest_end)
         latest_end = end if latest_end is None else max(latest_end, end)
         busy += end - start
         name = k["kernel"].replace("(anonymous namespace)::", "").split("(")[0].removeprefix("void ")
         by_name[name] += end - start
-        print(f"{start / 1e3:9.1f} {(end - start) / 1e3:8.1f} {gap / 1e3:8.1f}  {k['grid']:<13} {name[:90]}")
+        added_by_name[name] += added
+        print(f"{start / 1e3:9.1f} {(end - start) / 1e3:8.1f} {gap / 1e3:8.1f} {added / 1e3:8.1f}  {k['grid']:<13} "
+              f"{name[:90]}")
     span = latest_end - int(kernels[0]["start_ns"])
     print(f"span {span / 1e3:.1f} us; kernels' durations summed {busy / 1e3:.1f} us; no kernel running "
           f"{idle / 1e3:.1f} us ({100.0 * idle / span:.1f} %)")
-    print("by kernel:")
+    print("by kernel:   durations    additions")
     for name, total in by_name.most_common():
-        print(f"  {total / 1e3:8.1f} us  {name[:100]}")
+        print(f"  {total / 1e3:10.1f} us {added_by_name[name] / 1e3:9.1f} us  {name[:100]}")
     return 0
 
 
