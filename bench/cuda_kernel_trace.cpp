@@ -52,8 +52,8 @@ std::string demangled(const char* name) {
 }
 
 // CUPTI's record buffers, allocated and touched before tracing and reused: a buffer allocated when CUPTI asks for it
-// costs its page faults on the first records of a step, which showed as a gap of 0.7-8.7 ms after the step's first
-// kernel (the launches behind it held up).
+// takes its page faults while the step's first records are written, the likely cause of the 0.7-8.7 ms idle gap
+// after each traced step's first kernel in run 63 (not yet re-run with this).
 constexpr size_t kBufferBytes = 16 << 20;
 std::vector<uint8_t*> free_buffers;  // guarded by records_mutex
 
@@ -69,7 +69,6 @@ void allocate_buffers(int count) {
 
 void CUPTIAPI buffer_requested(uint8_t** buffer, size_t* size, size_t* max_records) {
   std::lock_guard lock(records_mutex);
-  *buffer = nullptr;
   if (!free_buffers.empty()) {
     *buffer = free_buffers.back();
     free_buffers.pop_back();
