@@ -1,8 +1,25 @@
 #include "backend/backend.h"
 
+#include <algorithm>
+
 #include "base/thread_pool.h"
 
 namespace kestrel {
+
+void Backend::write_rows(PagedRows& rows, int64_t first_row, const float* src, int64_t count) {
+  const int64_t width = rows.row_width(), block_rows = rows.pool().block_rows();
+  require(first_row >= 0 && count >= 0 && first_row + count <= rows.size(),
+          "writing rows {}..{} of a cache holding {}", first_row, first_row + count, rows.size());
+  if (rows.format().dtype != CacheDtype::float32) {
+    for (int64_t i = 0; i < count; ++i) encode_row(rows.format(), src + i * width, rows.row_bytes(first_row + i));
+    return;
+  }
+  for (int64_t i = 0; i < count;) {
+    const int64_t run = std::min(count - i, block_rows - (first_row + i) % block_rows);
+    copy(rows.row(first_row + i), src + i * width, static_cast<size_t>(run * width) * sizeof(float));
+    i += run;
+  }
+}
 
 void Backend::draw_tokens(float* logits, int64_t vocab, std::span<const TokenDraw> draws, std::span<int32_t> tokens) {
   require(tokens.size() == draws.size(), "draw_tokens: {} tokens for {} draws", tokens.size(), draws.size());

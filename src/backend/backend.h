@@ -160,18 +160,12 @@ public:
   virtual void copy_to_backend(void* dst, const void* host, size_t bytes) = 0;
   virtual void copy_to_host(void* host, const void* src, size_t bytes) = 0;
   virtual void copy(void* dst, const void* src, size_t bytes) = 0;
-  // Rows [first_row, first_row + count) of `rows` (appended already) = src [count, row_width]. The default copies a
-  // block's run of rows at a time; a GPU writes them all in one launch through the block table.
-  virtual void write_rows(PagedRows& rows, int64_t first_row, const float* src, int64_t count) {
-    const int64_t width = rows.row_width(), block_rows = rows.pool().block_rows();
-    require(first_row >= 0 && count >= 0 && first_row + count <= rows.size(),
-            "writing rows {}..{} of a cache holding {}", first_row, first_row + count, rows.size());
-    for (int64_t i = 0; i < count;) {
-      const int64_t run = std::min(count - i, block_rows - (first_row + i) % block_rows);
-      copy(rows.row(first_row + i), src + i * width, static_cast<size_t>(run * width) * sizeof(float));
-      i += run;
-    }
-  }
+  // Rows [first_row, first_row + count) of `rows` (appended already) = src [count, row_width], stored in the pool's
+  // format. The default, for a backend whose memory is the host's, copies a block's run of float32 rows at a time
+  // and encodes bf16 and fp8 rows one by one; a GPU writes them all in one launch through the block table.
+  virtual void write_rows(PagedRows& rows, int64_t first_row, const float* src, int64_t count);
+  // Throws Error when the backend cannot keep cache rows of `format` (a pool checks when it is made).
+  virtual void check_cache_format(const RowFormat& /*format*/) const {}
   // `count` floats of the backend's memory, readable on the host once it returns (after every op queued before it):
   // a view of host memory the backend owns (page-locked on a GPU, so the copy runs at the bus's speed, not through
   // the driver's staging), valid until the next read_back or the backend's end.

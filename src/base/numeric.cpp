@@ -49,4 +49,25 @@ float fp8_e4m3_to_f32(uint8_t bits) {
   return negative ? -magnitude : magnitude;
 }
 
+uint8_t f32_to_fp8_e4m3(float value) {
+  const auto sign = static_cast<uint8_t>((bits_from_f32(value) >> 24) & 0x80u);
+  if (std::isnan(value)) return static_cast<uint8_t>(sign | 0x7fu);
+  const float magnitude = std::fabs(value);
+  if (magnitude >= 448.0f) return static_cast<uint8_t>(sign | 0x7eu);
+  if (magnitude < 0.015625f) {
+    // Subnormal range: quantum 2^-9; 8 quanta is the smallest normal, code 0x08, so the count is the code.
+    return static_cast<uint8_t>(sign | static_cast<uint8_t>(std::nearbyint(magnitude * 512.0f)));
+  }
+  int exponent;
+  std::frexp(magnitude, &exponent);  // magnitude in [2^(exponent-1), 2^exponent)
+  // Eighths of the leading power of two, 8..16; 16 carries into the next exponent (below 448 that stays finite).
+  auto eighths = static_cast<uint32_t>(std::nearbyint(std::ldexp(magnitude, 4 - exponent)));
+  int biased = exponent - 1 + 7;
+  if (eighths == 16) {
+    eighths = 8;
+    ++biased;
+  }
+  return static_cast<uint8_t>(sign | (biased << 3) | (eighths - 8));
+}
+
 }  // namespace kestrel

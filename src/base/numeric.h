@@ -34,5 +34,7 @@ uint16_t f32_to_f16(float value);
 
 // fp8 e4m3fn: 1 sign, 4 exponent (bias 7), 3 mantissa bits; subnormals; max 448; 0x7f/0xff NaN.
 float fp8_e4m3_to_f32(uint8_t bits);
+// Round to nearest even, saturating to ±448 (CUDA's __NV_SATFINITE: infinities too); NaN stays NaN.
+uint8_t f32_to_fp8_e4m3(float value);
 
 }  // namespace kestrel

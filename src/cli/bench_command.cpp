@@ -146,13 +146,15 @@ double prefill_flops(const Glm5NextModel& model, int64_t length, int64_t chunk) 
 }
 
 // Cache and state bytes one decoded token reads at `context` tokens: per DSA layer the pooled keys the indexer
-// scores and the latents attention reads; the KDA state, read and written.
-double cache_bytes_per_token(const Glm5NextConfig& c, int64_t context) {
+// scores (float32) and the latents attention reads (rows of `latent_dtype`); the KDA state, read and written.
+double cache_bytes_per_token(const Glm5NextConfig& c, int64_t context, CacheDtype latent_dtype) {
   const double dsa_layers = static_cast<double>(
       std::count(c.layer_types.begin(), c.layer_types.end(), LayerType::sparse_attention));
   const int64_t attended = attended_positions(c, context - 1);
-  const double per_layer = static_cast<double>((context / c.index_kpool) * c.index_head_dim + attended * c.kv_lora_rank);
-  return 4.0 * (dsa_layers * per_layer + 2.0 * static_cast<double>(SequenceState::kda_state_size(c)));
+  const int64_t latent_row = RowFormat{.dtype = latent_dtype, .width = c.kv_lora_rank}.row_bytes();
+  const double per_layer =
+      static_cast<double>(4 * (context / c.index_kpool) * c.index_head_dim + attended * latent_row);
+  return dsa_layers * per_layer + 8.0 * static_cast<double>(SequenceState::kda_state_size(c));
 }
 
 // A profile as ms per `unit` (a decode step, a prompt) by part, largest first, with each part's share of the
@@ -198,7 +200,7 @@ double prefill_new(Glm5NextModel& model, int64_t length, int64_t chunk, std::mt1
 
 Action add_bench_command(CLI::App& app) {
   struct Options {
-    std::string model, device = "auto", draw = "logits";
+    std::string model, device = "auto", draw = "logits", kv_cache_dtype = "auto";
     std::vector<int64_t> contexts{1024}, sequences{1, 4}, prefill_lengths;
     int64_t steps = 32, chunk = 2048;
     uint32_t seed = 1;
@@ -208,6 +210,7 @@ Action add_bench_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("bench", "Prefill and decode speed of a model on this machine (no server)");
   cmd->add_option("--model", o->model, "Checkpoint directory")->required();
   add_device_option(cmd, o->device);
+  add_kv_cache_dtype_option(cmd, o->kv_cache_dtype);
   cmd->add_option("--contexts", o->contexts, "Context lengths to decode at (prompt tokens), comma-separated")
       ->delimiter(',')
       ->capture_default_str();
@@ -241,8 +244,9 @@ Action add_bench_command(CLI::App& app) {
     require(!o->sequences.empty() &&
                 std::all_of(o->sequences.begin(), o->sequences.end(), [](int64_t n) { return n >= 1 && n <= 1024; }),
             "--sequences must be in [1, 1024]");
+    const CacheDtype kv_cache_dtype = parse_kv_cache_dtype(o->kv_cache_dtype);
     const auto backend = make_backend(o->device);
-    const auto model = Glm5NextModel::load(o->model, *backend);
+    const auto model = Glm5NextModel::load(o->model, *backend, kv_cache_dtype);
     const Glm5NextConfig& c = model->config();
     std::mt19937 rng(o->seed);
     std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(c.vocab_size - 1));
@@ -275,7 +279,7 @@ Action add_bench_command(CLI::App& app) {
         sequences.push_back(model->new_sequence());
         prefill_seconds += prefill(*model, *sequences.back(), random_prompt(c, context, rng), o->chunk);
       }
-      const double cache = cache_bytes_per_token(c, context);
+      const double cache = cache_bytes_per_token(c, context, kv_cache_dtype);
       std::printf("context %lld: prefill %.1f tokens/s (%lld sequences of %lld tokens, chunks of %lld); cache and "
                   "state read per decoded token %.2f MB\n",
                   static_cast<long long>(context), static_cast<double>(most * context) / prefill_seconds,

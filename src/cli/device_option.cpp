@@ -16,6 +16,13 @@ void add_device_option(CLI::App* cmd, std::string& device) {
       ->capture_default_str();
 }
 
+void add_kv_cache_dtype_option(CLI::App* cmd, std::string& kv_cache_dtype) {
+  cmd->add_option("--kv-cache-dtype", kv_cache_dtype,
+                  "The MLA latents' cache rows: auto (float32), bfloat16, or fp8 (fp8_e4m3, fp8_ds_mla: e4m3 with a "
+                  "scale per 128 values)")
+      ->capture_default_str();
+}
+
 std::unique_ptr<Backend> make_backend(const std::string& device) {
 #ifdef KESTREL_WITH_CUDA
   const int gpus = cuda::device_count();

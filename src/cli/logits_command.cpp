@@ -14,7 +14,7 @@ namespace kestrel::cli {
 
 Action add_logits_command(CLI::App& app) {
   struct Options {
-    std::string model, tokens, out, device = "auto";
+    std::string model, tokens, out, device = "auto", kv_cache_dtype = "auto";
     std::optional<int64_t> prefill;
   };
   auto options = std::make_shared<Options>();
@@ -25,15 +25,17 @@ Action add_logits_command(CLI::App& app) {
                   "Forward the first N tokens at once, then the rest one at a time (default: all at once)");
   cmd->add_option("--out", options->out, "Output .npy file")->required();
   add_device_option(cmd, options->device);
+  add_kv_cache_dtype_option(cmd, options->kv_cache_dtype);
   return [cmd, options]() -> int {
     if (!cmd->parsed()) return -1;
     const std::vector<int32_t> tokens = parse_token_list(options->tokens);
     const auto T = static_cast<int64_t>(tokens.size());
     const int64_t prefill = options->prefill.value_or(T);
     require(prefill >= 1 && prefill <= T, "--prefill {} must be between 1 and the number of tokens ({})", prefill, T);
+    const CacheDtype kv_cache_dtype = parse_kv_cache_dtype(options->kv_cache_dtype);
 
     const auto backend = make_backend(options->device);
-    const auto model = Glm5NextModel::load(options->model, *backend);
+    const auto model = Glm5NextModel::load(options->model, *backend, kv_cache_dtype);
     const auto sequence = model->new_sequence();
     const int64_t vocab = model->config().vocab_size;
     std::vector<float> logits = model->forward(*sequence, std::span(tokens).first(static_cast<size_t>(prefill)));

@@ -34,7 +34,7 @@ namespace kestrel::cli {
 namespace {
 
 struct RunOptions {
-  std::string model, device = "auto";
+  std::string model, device = "auto", kv_cache_dtype = "auto";
   std::optional<std::string> tokens, prompt, chat_template;
   bool raw = false;
   int64_t max_tokens = 256;
@@ -165,6 +165,7 @@ Action add_run_command(CLI::App& app) {
   cmd->add_option("-n,--max-tokens", options->max_tokens, "Tokens to generate per answer")->capture_default_str();
   cmd->add_option("--max-model-len", options->max_model_len, "Context length (0: the model's)")->capture_default_str();
   add_device_option(cmd, options->device);
+  add_kv_cache_dtype_option(cmd, options->kv_cache_dtype);
   cmd->add_option("--gpu-memory-utilization", options->gpu_memory_utilization,
                   "Fraction of the GPU's memory to use, weights and cache included")
       ->capture_default_str();
@@ -179,6 +180,7 @@ Action add_run_command(CLI::App& app) {
     if (!cmd->parsed()) return -1;
     require(options->max_tokens >= 0, "--max-tokens must not be negative");
     options->sampling.max_tokens = std::max<int64_t>(options->max_tokens, 1);
+    const CacheDtype kv_cache_dtype = parse_kv_cache_dtype(options->kv_cache_dtype);
 
     const auto backend = make_backend(options->device);
     const auto model = Glm5NextModel::load(options->model, *backend);
@@ -187,6 +189,7 @@ Action add_run_command(CLI::App& app) {
         *model, EngineConfig{.max_model_len = options->max_model_len,
                              .max_num_seqs = 1,
                              .gpu_memory_utilization = options->gpu_memory_utilization,
+                             .kv_cache_dtype = kv_cache_dtype,
                              .eos_token_ids = model_eos_token_ids(options->model, model->config())}));
     int status;
     double seconds = 0.0;

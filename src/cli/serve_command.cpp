@@ -52,8 +52,7 @@ Action add_serve_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", o->enable_prefix_caching,
                 "Automatic prefix caching (default on)");
-  cmd->add_option("--kv-cache-dtype", o->kv_cache_dtype, "KV cache dtype (the CPU backend supports auto)")
-      ->capture_default_str();
+  add_kv_cache_dtype_option(cmd, o->kv_cache_dtype);
   cmd->add_option("--api-key", o->api_key, "Require 'Authorization: Bearer KEY' on /v1/* (env KESTREL_API_KEY, VLLM_API_KEY)");
   cmd->add_option("--tool-call-parser", o->tool_call_parser, "Tool call parser: glm47");
   cmd->add_option("--reasoning-parser", o->reasoning_parser, "Reasoning parser: glm45");
@@ -65,8 +64,7 @@ Action add_serve_command(CLI::App& app) {
   cmd->add_option("--http-threads", o->http_threads, "HTTP event-loop threads")->capture_default_str();
   return [cmd, o]() -> int {
     if (!cmd->parsed()) return -1;
-    require(o->kv_cache_dtype == "auto", "--kv-cache-dtype {} is not supported yet (use auto)",
-            o->kv_cache_dtype);
+    const CacheDtype kv_cache_dtype = parse_kv_cache_dtype(o->kv_cache_dtype);
     require(o->tool_call_parser.empty() || o->tool_call_parser == "glm47",
             "--tool-call-parser {} is not supported (glm47 is)", o->tool_call_parser);
     require(o->reasoning_parser.empty() || o->reasoning_parser == "glm45",
@@ -97,6 +95,7 @@ Action add_serve_command(CLI::App& app) {
     config.gpu_memory_utilization = o->gpu_memory_utilization;
     config.max_num_batched_tokens = o->max_num_batched_tokens;
     config.enable_prefix_caching = o->enable_prefix_caching;
+    config.kv_cache_dtype = kv_cache_dtype;
     config.eos_token_ids = model_eos_token_ids(dir, model->config());
     Engine engine(std::make_unique<EngineCore>(*model, config));
 

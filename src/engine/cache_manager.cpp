@@ -10,7 +10,7 @@ CacheManager::CacheManager(const Glm5NextConfig& model, Backend& backend, const 
     : model_(model),
       config_(config),
       blocks_(config.num_blocks, config.block_size),
-      pools_(model_, backend, config.block_size, blocks_, config.num_blocks),
+      pools_(model_, backend, config.block_size, blocks_, config.num_blocks, config.latent_dtype),
       slots_(static_cast<size_t>(config.num_slots)),
       kda_state_size_(SequenceState::kda_state_size(model)),
       snapshots_(kda_state_size_ > 0 ? config.num_kda_snapshots : 0, kda_state_size_),

@@ -25,6 +25,7 @@ struct CacheConfig {
   int64_t num_slots = 0;            // sequences holding KDA state at once (max_num_seqs)
   int64_t num_kda_snapshots = 0;
   bool enable_prefix_caching = true;
+  CacheDtype latent_dtype = CacheDtype::float32;  // --kv-cache-dtype
 };
 
 // A KDA snapshot to write once the sequence has computed `num_tokens` tokens.

@@ -20,7 +20,7 @@ int64_t blocks_for_memory(const EngineConfig& c, const Glm5NextConfig& model, co
   const double in_use = static_cast<double>(memory.total_bytes - std::min(memory.free_bytes, memory.total_bytes));
   const double slots = static_cast<double>(SequenceState::kda_state_size(model) * sizeof(float)) * static_cast<double>(c.max_num_seqs);
   const double budget = c.gpu_memory_utilization * static_cast<double>(memory.total_bytes) - in_use - slots;
-  const auto block_bytes = static_cast<double>(CachePools::block_bytes(model, c.block_size));
+  const auto block_bytes = static_cast<double>(CachePools::block_bytes(model, c.block_size, c.kv_cache_dtype));
   const int64_t blocks = budget > 0 && block_bytes > 0 ? static_cast<int64_t>(budget / block_bytes) : 0;
   if (block_bytes > 0 && blocks < blocks_per_sequence) {
     fail("one sequence of max_model_len {} tokens needs {:.2f} GiB of cache, more than the {:.2f} GiB left for it "

@@ -22,6 +22,7 @@ struct EngineConfig {
                                          // max_model_len capped at 65536 blocks
   double gpu_memory_utilization = 0.9;   // fraction of the GPU's memory the process may hold, cache included
   bool enable_prefix_caching = true;
+  CacheDtype kv_cache_dtype = CacheDtype::float32;  // the MLA latents' rows (`--kv-cache-dtype`, auto: float32)
   int64_t num_kda_snapshots = 0;         // 0: 2 per sequence slot
   int64_t max_logprobs = 20;
   std::vector<int32_t> eos_token_ids{};  // end a request unless ignore_eos (config.json and generation_config.json)

@@ -56,7 +56,8 @@ EngineCore::EngineCore(const Glm5NextConfig& model, Backend& backend, ModelRunne
                                  .num_blocks = config_.num_blocks,
                                  .num_slots = config_.max_num_seqs,
                                  .num_kda_snapshots = config_.num_kda_snapshots,
-                                 .enable_prefix_caching = config_.enable_prefix_caching}),
+                                 .enable_prefix_caching = config_.enable_prefix_caching,
+                                 .latent_dtype = config_.kv_cache_dtype}),
       scheduler_(SchedulerConfig{.max_num_seqs = config_.max_num_seqs,
                                  .max_num_batched_tokens = config_.max_num_batched_tokens,
                                  .max_model_len = config_.max_model_len,
@@ -64,16 +65,17 @@ EngineCore::EngineCore(const Glm5NextConfig& model, Backend& backend, ModelRunne
                                  .eos_token_ids = config_.eos_token_ids},
                  cache_),
       runner_(std::move(forward), config_.block_size) {
-  log_info("engine: max_model_len {}, max_num_seqs {}, max_num_batched_tokens {}, {} blocks of {} tokens, prefix "
-           "caching {}, {} KDA snapshots of {:.1f} MiB",
+  log_info("engine: max_model_len {}, max_num_seqs {}, max_num_batched_tokens {}, {} blocks of {} tokens, latents "
+           "in {}, prefix caching {}, {} KDA snapshots of {:.1f} MiB",
            config_.max_model_len, config_.max_num_seqs, config_.max_num_batched_tokens, config_.num_blocks,
-           config_.block_size, config_.enable_prefix_caching ? "on" : "off", config_.num_kda_snapshots,
+           config_.block_size, cache_dtype_name(config_.kv_cache_dtype), config_.enable_prefix_caching ? "on" : "off",
+           config_.num_kda_snapshots,
            static_cast<double>(SequenceState::kda_state_size(model_)) * sizeof(float) / (1 << 20));
   if (memory) {
     const int64_t tokens = config_.num_blocks * config_.block_size;
     log_info("GPU KV cache size: {} tokens ({:.2f} GiB); maximum concurrency for {} tokens per request: {:.2f}x",
              tokens,
-             static_cast<double>(CachePools::block_bytes(model_, config_.block_size)) *
+             static_cast<double>(CachePools::block_bytes(model_, config_.block_size, config_.kv_cache_dtype)) *
                  static_cast<double>(config_.num_blocks) / (1 << 30),
              config_.max_model_len, static_cast<double>(tokens) / static_cast<double>(config_.max_model_len));
   }

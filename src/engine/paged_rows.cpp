@@ -27,8 +27,9 @@ void GrowingBlockSource::release(int32_t block) {
   if (--references_[static_cast<size_t>(block)] == 0) free_.push_back(block);
 }
 
-RowBlockPool::RowBlockPool(Backend& backend, int64_t row_width, int64_t block_rows, int64_t num_blocks)
-    : backend_(backend), row_width_(row_width), block_rows_(block_rows), fixed_(num_blocks > 0) {
+RowBlockPool::RowBlockPool(Backend& backend, RowFormat format, int64_t block_rows, int64_t num_blocks)
+    : backend_(backend), format_(format), block_rows_(block_rows), fixed_(num_blocks > 0) {
+  backend_.check_cache_format(format_);
   if (fixed_) reserve_blocks(num_blocks);
 }
 
@@ -37,13 +38,20 @@ void RowBlockPool::reserve_blocks(int64_t num_blocks) {
   require(!fixed_ || capacity_blocks_ == 0, "block id {} is outside the cache's {} blocks", num_blocks - 1,
           capacity_blocks_);
   const int64_t capacity = fixed_ ? num_blocks : std::max(num_blocks, 2 * capacity_blocks_);
-  BackendArray grown(backend_, static_cast<size_t>(capacity * block_floats()));
+  BackendArray grown(backend_, static_cast<size_t>((capacity * block_bytes() + 3) / 4));
   if (capacity_blocks_ > 0) {
-    backend_.copy(grown.data(), storage_.data(), static_cast<size_t>(capacity_blocks_ * block_floats()) * sizeof(float));
+    backend_.copy(grown.data(), storage_.data(), static_cast<size_t>(capacity_blocks_ * block_bytes()));
   }
   storage_ = std::move(grown);
   capacity_blocks_ = capacity;
 }
+
+float* RowBlockPool::data() {
+  require(format_.dtype == CacheDtype::float32, "a {} cache pool read as float32", cache_dtype_name(format_.dtype));
+  return storage_.data();
+}
+
+const float* RowBlockPool::data() const { return const_cast<RowBlockPool*>(this)->data(); }
 
 void BlockTable::grow_to(int64_t num_blocks) {
   const size_t from = ids_.size();
@@ -82,31 +90,45 @@ void BlockTable::clear() {
 float* PagedRows::append() { return append_run(1).rows; }
 
 RowRun PagedRows::append_run(int64_t count) {
+  const int64_t first = num_rows_;
+  const int64_t taken = append_block(count);
+  return RowRun{.rows = row(first), .count = taken};
+}
+
+int64_t PagedRows::append_block(int64_t count) {
   const int64_t block_rows = pool_->block_rows();
   const int64_t block_index = num_rows_ / block_rows;
   if (block_index >= table_->size()) table_->grow_to(block_index + 1);
   pool_->reserve_blocks(table_->ids()[static_cast<size_t>(block_index)] + int64_t{1});
   const int64_t taken = std::min(count, block_rows - num_rows_ % block_rows);
-  float* rows = row(num_rows_);
   num_rows_ += taken;
-  return RowRun{.rows = rows, .count = taken};
+  return taken;
 }
 
 int64_t PagedRows::append_rows(int64_t count) {
   const int64_t first = num_rows_;
-  for (int64_t left = count; left > 0;) left -= append_run(left).count;
+  for (int64_t left = count; left > 0;) left -= append_block(left);
   return first;
 }
 
-float* PagedRows::row(int64_t index) {
+std::byte* PagedRows::row_bytes(int64_t index) {
   const int64_t block_rows = pool_->block_rows();
-  return pool_->block(table_->ids()[static_cast<size_t>(index / block_rows)]) + (index % block_rows) * row_width();
+  return pool_->block(table_->ids()[static_cast<size_t>(index / block_rows)]) +
+         (index % block_rows) * pool_->format().row_bytes();
 }
 
-const float* PagedRows::row(int64_t index) const {
+const std::byte* PagedRows::row_bytes(int64_t index) const {
   const int64_t block_rows = pool_->block_rows();
-  const float* block = std::as_const(*pool_).block(table_->ids()[static_cast<size_t>(index / block_rows)]);
-  return block + (index % block_rows) * row_width();
+  return std::as_const(*pool_).block(table_->ids()[static_cast<size_t>(index / block_rows)]) +
+         (index % block_rows) * pool_->format().row_bytes();
 }
+
+float* PagedRows::as_floats(std::byte* row) const {
+  require(pool_->format().dtype == CacheDtype::float32, "a {} cache row read as float32",
+          cache_dtype_name(pool_->format().dtype));
+  return reinterpret_cast<float*>(row);
+}
+
+const float* PagedRows::as_floats(const std::byte* row) const { return as_floats(const_cast<std::byte*>(row)); }
 
 }  // namespace kestrel

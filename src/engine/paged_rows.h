@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "backend/backend_array.h"
+#include "engine/cache_row_format.h"
 
 namespace kestrel {
 
@@ -40,30 +41,37 @@ private:
   std::vector<int32_t> free_;
 };
 
-// Storage of one pool in the backend's memory: `block_rows` rows of `row_width` floats per block id, block b at
-// data() + b * block_rows * row_width (one array, so a GPU kernel reaches any block from the base). With
+// Storage of one pool in the backend's memory: `block_rows` rows of `format` per block id, block b at
+// bytes() + b * block_rows * format.row_bytes() (one array, so a GPU kernel reaches any block from the base). With
 // `num_blocks` given (the engine), the storage is made once and never moves; without, it grows with reserve_blocks,
 // which moves it.
 class RowBlockPool {
 public:
-  RowBlockPool(Backend& backend, int64_t row_width, int64_t block_rows, int64_t num_blocks = 0);
+  RowBlockPool(Backend& backend, RowFormat format, int64_t block_rows, int64_t num_blocks = 0);
+  // float32 rows of `row_width`.
+  RowBlockPool(Backend& backend, int64_t row_width, int64_t block_rows, int64_t num_blocks = 0)
+      : RowBlockPool(backend, RowFormat{.width = row_width}, block_rows, num_blocks) {}
 
-  int64_t row_width() const { return row_width_; }
+  const RowFormat& format() const { return format_; }
+  int64_t row_width() const { return format_.width; }
   int64_t block_rows() const { return block_rows_; }
   int64_t capacity_blocks() const { return capacity_blocks_; }
   // Makes room for block ids below `num_blocks`, keeping the rows written (growing a fixed pool is an Error).
   void reserve_blocks(int64_t num_blocks);
 
-  float* data() { return storage_.data(); }
-  const float* data() const { return storage_.data(); }
-  float* block(int32_t id) { return storage_.data() + id * block_floats(); }
-  const float* block(int32_t id) const { return storage_.data() + id * block_floats(); }
+  std::byte* bytes() { return reinterpret_cast<std::byte*>(storage_.data()); }
+  const std::byte* bytes() const { return reinterpret_cast<const std::byte*>(storage_.data()); }
+  std::byte* block(int32_t id) { return bytes() + id * block_bytes(); }
+  const std::byte* block(int32_t id) const { return bytes() + id * block_bytes(); }
+  // The storage as floats: float32 pools only (an Error otherwise).
+  float* data();
+  const float* data() const;
 
 private:
-  int64_t block_floats() const { return row_width_ * block_rows_; }
+  int64_t block_bytes() const { return format_.row_bytes() * block_rows_; }
 
   Backend& backend_;
-  int64_t row_width_;
+  RowFormat format_;
   int64_t block_rows_;
   bool fixed_;
   int64_t capacity_blocks_ = 0;
@@ -101,7 +109,7 @@ private:
   BackendArray mirror_;
 };
 
-// A run of rows that are consecutive in memory: rows of one block.
+// A run of float32 rows that are consecutive in memory: rows of one block.
 struct RowRun {
   float* rows;
   int64_t count;
@@ -114,6 +122,7 @@ public:
 
   int64_t size() const { return num_rows_; }
   int64_t row_width() const { return pool_->row_width(); }
+  const RowFormat& format() const { return pool_->format(); }
   const RowBlockPool& pool() const { return *pool_; }
   const BlockTable& table() const { return *table_; }
   // Appends a row and returns it for the caller to fill; grows the table (and a growing pool) when the row starts a
@@ -124,12 +133,21 @@ public:
   // Appends `count` rows across as many blocks as they take, for Backend::write_rows to fill in one pass; returns
   // the first one's index.
   int64_t append_rows(int64_t count);
-  float* row(int64_t index);
-  const float* row(int64_t index) const;
+  // A row as floats: float32 pools only (append, append_run and row are an Error on any other format).
+  float* row(int64_t index) { return as_floats(row_bytes(index)); }
+  const float* row(int64_t index) const { return as_floats(row_bytes(index)); }
+  // A row's stored bytes, any format.
+  std::byte* row_bytes(int64_t index);
+  const std::byte* row_bytes(int64_t index) const;
   // Sets the number of valid rows: shrinking forgets rows, growing adopts rows already in the table's blocks.
   void resize(int64_t num_rows) { num_rows_ = num_rows; }
 
 private:
+  // Appends up to `count` rows, as many as fit in the current block; returns how many.
+  int64_t append_block(int64_t count);
+  float* as_floats(std::byte* row) const;
+  const float* as_floats(const std::byte* row) const;
+
   RowBlockPool* pool_;
   BlockTable* table_;
   int64_t num_rows_ = 0;

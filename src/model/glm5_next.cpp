@@ -13,19 +13,20 @@
 
 namespace kestrel {
 
-std::unique_ptr<Glm5NextModel> Glm5NextModel::load(const std::string& dir, Backend& backend) {
+std::unique_ptr<Glm5NextModel> Glm5NextModel::load(const std::string& dir, Backend& backend, CacheDtype latent_dtype) {
   Checkpoint checkpoint = Checkpoint::open(dir);
   Glm5NextConfig config = load_glm5_next_config(checkpoint.config_path());
   log_info("{}", config.summary());
-  return std::unique_ptr<Glm5NextModel>(new Glm5NextModel(std::move(config), std::move(checkpoint), backend));
+  return std::unique_ptr<Glm5NextModel>(
+      new Glm5NextModel(std::move(config), std::move(checkpoint), backend, latent_dtype));
 }
 
-Glm5NextModel::Glm5NextModel(Glm5NextConfig config, Checkpoint checkpoint, Backend& backend)
+Glm5NextModel::Glm5NextModel(Glm5NextConfig config, Checkpoint checkpoint, Backend& backend, CacheDtype latent_dtype)
     : config_(std::move(config)),
       checkpoint_(std::move(checkpoint)),
       backend_(backend),
       weights_(bind_glm5_next_weights(checkpoint_, config_)),
-      pools_(config_, backend) {
+      pools_(config_, backend, latent_dtype) {
   place_glm5_next_weights(weights_, config_, backend_);
 }
 

@@ -58,8 +58,10 @@ struct SequenceCall {
 
 class Glm5NextModel {
 public:
-  // Reads config.json and the weights of `dir`; throws Error naming the file and tensor on any problem.
-  static std::unique_ptr<Glm5NextModel> load(const std::string& dir, Backend& backend);
+  // Reads config.json and the weights of `dir`; throws Error naming the file and tensor on any problem. The
+  // sequences of new_sequence keep their latents in `latent_dtype` (the engine's cache has its own pools).
+  static std::unique_ptr<Glm5NextModel> load(const std::string& dir, Backend& backend,
+                                             CacheDtype latent_dtype = CacheDtype::float32);
 
   const Glm5NextConfig& config() const { return config_; }
   const Glm5NextWeights& weights() const { return weights_; }
@@ -79,7 +81,7 @@ public:
   void set_input_observer(LinearInputObserver* observer) { observer_ = observer; }
 
 private:
-  Glm5NextModel(Glm5NextConfig config, Checkpoint checkpoint, Backend& backend);
+  Glm5NextModel(Glm5NextConfig config, Checkpoint checkpoint, Backend& backend, CacheDtype latent_dtype);
 
   // Where a call's tokens sit among the pass's rows.
   struct CallRows {

@@ -19,53 +19,58 @@ int64_t recurrent_floats(const Glm5NextConfig& c) {
 
 }  // namespace
 
-CachePools::CachePools(const Glm5NextConfig& c, Backend& backend)
+CachePools::CachePools(const Glm5NextConfig& c, Backend& backend, CacheDtype latent_dtype)
     : backend_(backend),
       block_tokens_(c.index_kpool * std::max<int64_t>(1, 16 / c.index_kpool)),
       own_source_(std::make_unique<GrowingBlockSource>()),
       source_(own_source_.get()) {
-  add_layers(c, 0);
+  add_layers(c, 0, latent_dtype);
 }
 
 CachePools::CachePools(const Glm5NextConfig& c, Backend& backend, int64_t block_tokens, BlockSource& source,
-                       int64_t num_blocks)
+                       int64_t num_blocks, CacheDtype latent_dtype)
     : backend_(backend), block_tokens_(block_tokens), source_(&source) {
   require(block_tokens > 0 && block_tokens % c.index_kpool == 0,
           "cache block size {} must be a positive multiple of index_kpool ({})", block_tokens, c.index_kpool);
-  add_layers(c, num_blocks);
+  add_layers(c, num_blocks, latent_dtype);
 }
 
 namespace {
 
-// The row width and rows per block of each pool kind, in CachePools' member order.
+// The row format and rows per block of each pool kind, in CachePools' member order.
 struct PoolShape {
-  int64_t width, rows;
+  RowFormat format;
+  int64_t rows;
 };
-std::array<PoolShape, 4> pool_shapes(const Glm5NextConfig& c, int64_t block_tokens) {
-  return {PoolShape{c.kv_lora_rank, block_tokens}, PoolShape{c.index_head_dim, block_tokens},
-          PoolShape{c.index_head_dim, block_tokens}, PoolShape{c.index_head_dim, block_tokens / c.index_kpool}};
+std::array<PoolShape, 4> pool_shapes(const Glm5NextConfig& c, int64_t block_tokens, CacheDtype latent_dtype) {
+  const RowFormat index_row{.width = c.index_head_dim};
+  return {PoolShape{RowFormat{.dtype = latent_dtype, .width = c.kv_lora_rank}, block_tokens},
+          PoolShape{index_row, block_tokens}, PoolShape{index_row, block_tokens},
+          PoolShape{index_row, block_tokens / c.index_kpool}};
 }
 
 }  // namespace
 
-void CachePools::add_layers(const Glm5NextConfig& c, int64_t num_blocks) {
-  const std::array<PoolShape, 4> shapes = pool_shapes(c, block_tokens_);
+void CachePools::add_layers(const Glm5NextConfig& c, int64_t num_blocks, CacheDtype latent_dtype) {
+  const std::array<PoolShape, 4> shapes = pool_shapes(c, block_tokens_, latent_dtype);
   std::array<std::vector<std::unique_ptr<RowBlockPool>>*, 4> families = {&latents, &index_keys, &index_gates,
                                                                          &pooled_keys};
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     const bool dsa = c.layer_types[static_cast<size_t>(i)] == LayerType::sparse_attention;
     for (size_t kind = 0; kind < shapes.size(); ++kind) {
       families[kind]->push_back(
-          dsa ? std::make_unique<RowBlockPool>(backend_, shapes[kind].width, shapes[kind].rows, num_blocks) : nullptr);
+          dsa ? std::make_unique<RowBlockPool>(backend_, shapes[kind].format, shapes[kind].rows, num_blocks) : nullptr);
     }
   }
 }
 
-size_t CachePools::block_bytes(const Glm5NextConfig& c, int64_t block_tokens) {
-  int64_t floats = 0;
-  for (const PoolShape& shape : pool_shapes(c, block_tokens)) floats += shape.width * shape.rows;
+size_t CachePools::block_bytes(const Glm5NextConfig& c, int64_t block_tokens, CacheDtype latent_dtype) {
+  int64_t bytes = 0;
+  for (const PoolShape& shape : pool_shapes(c, block_tokens, latent_dtype)) {
+    bytes += shape.format.row_bytes() * shape.rows;
+  }
   const auto layers = std::count(c.layer_types.begin(), c.layer_types.end(), LayerType::sparse_attention);
-  return static_cast<size_t>(layers * floats) * sizeof(float);
+  return static_cast<size_t>(layers * bytes);
 }
 
 SequenceState::SequenceState(const Glm5NextConfig& c, CachePools& pools)

@@ -36,21 +36,21 @@ struct MlaLayerState {
 class CachePools {
 public:
   // Ids from a source of its own, without limit, in blocks of about 16 tokens (a model used outside the engine).
-  CachePools(const Glm5NextConfig& config, Backend& backend);
+  CachePools(const Glm5NextConfig& config, Backend& backend, CacheDtype latent_dtype = CacheDtype::float32);
   // Ids [0, num_blocks) from `source` (the engine's block pool); the pools' storage is made here, once.
   CachePools(const Glm5NextConfig& config, Backend& backend, int64_t block_tokens, BlockSource& source,
-             int64_t num_blocks);
+             int64_t num_blocks, CacheDtype latent_dtype);
 
   int64_t block_tokens() const { return block_tokens_; }
   BlockSource& source() { return *source_; }
-  // Bytes one block id takes across every pool of `config` (float32 rows).
-  static size_t block_bytes(const Glm5NextConfig& config, int64_t block_tokens);
+  // Bytes one block id takes across every pool of `config`, the latents' rows in `latent_dtype`.
+  static size_t block_bytes(const Glm5NextConfig& config, int64_t block_tokens, CacheDtype latent_dtype);
   Backend& backend() { return backend_; }
 
   std::vector<std::unique_ptr<RowBlockPool>> latents, index_keys, index_gates, pooled_keys;  // indexed by layer
 
 private:
-  void add_layers(const Glm5NextConfig& config, int64_t num_blocks);
+  void add_layers(const Glm5NextConfig& config, int64_t num_blocks, CacheDtype latent_dtype);
 
   Backend& backend_;
   int64_t block_tokens_;

@@ -2,6 +2,7 @@
 // forms, and the deterministic tie-breaking of the indexer and the router.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -193,6 +194,62 @@ TEST(AttentionStepsTest, EachTokenAttendsOverItsOwnSequence) {
                                                   std::span<const PagedRows* const>(latents, 1)),
                Error);
 }
+
+// A latent cache in bf16 or fp8 (--kv-cache-dtype): Backend::write_rows encodes each row into its block, across
+// block boundaries, and sparse_mla_attention over those rows equals, to the bit, attention over a float32 cache
+// holding the decoded rows; float32 reads of such a pool are refused.
+class LatentRowFormatTest : public ::testing::TestWithParam<CacheDtype> {};
+
+TEST_P(LatentRowFormatTest, AttentionReadsTheDecodedRows) {
+  constexpr int64_t H = 2, qk = 8, vd = 8, rank = 160, block_rows = 4, T = 3, rows = 11;
+  CpuBackend backend;
+  const RowFormat format{.dtype = GetParam(), .width = rank};
+  GrowingBlockSource source;
+  RowBlockPool coded_pool(backend, format, block_rows), float_pool(backend, rank, block_rows);
+  BlockTable coded_table(source, backend), float_table(source, backend);
+  PagedRows coded(coded_pool, coded_table), decoded(float_pool, float_table);
+  const std::vector<float> latents = random_values(static_cast<size_t>(rows * rank), 31, 2.0f);
+  backend.write_rows(coded, coded.append_rows(2), latents.data(), 2);  // two calls, the second across blocks
+  backend.write_rows(coded, coded.append_rows(rows - 2), latents.data() + 2 * rank, rows - 2);
+  for (int64_t r = 0; r < rows; ++r) {
+    std::vector<float> expected(static_cast<size_t>(rank)), stored(static_cast<size_t>(rank));
+    std::vector<std::byte> encoded(static_cast<size_t>(format.row_bytes()));
+    encode_row(format, latents.data() + r * rank, encoded.data());
+    decode_row(format, encoded.data(), expected.data());
+    decode_row(format, coded.row_bytes(r), stored.data());
+    EXPECT_EQ(stored, expected) << "row " << r;
+    std::copy(expected.begin(), expected.end(), decoded.append());
+  }
+  EXPECT_THROW(coded.row(0), Error);
+  EXPECT_THROW(coded_pool.data(), Error);
+
+  const std::vector<float> kv_b_values = random_values(static_cast<size_t>(H * (qk + vd) * rank), 32, 0.1f);
+  const LinearWeight kv_b{.name = "kv_b", .dtype = DType::f32, .out_features = H * (qk + vd), .in_features = rank,
+                          .data = reinterpret_cast<const std::byte*>(kv_b_values.data())};
+  const std::vector<float> query = random_values(static_cast<size_t>(T * H * qk), 33);
+  const int64_t stride = rows;
+  std::vector<int32_t> positions(static_cast<size_t>(T * stride), -1);
+  const std::vector<int32_t> counts{4, 11, 7};
+  for (int64_t t = 0; t < T; ++t) {
+    for (int32_t p = 0; p < counts[static_cast<size_t>(t)]; ++p) {
+      positions[static_cast<size_t>(t * stride + p)] = static_cast<int32_t>((p * 3 + t) % rows);
+    }
+    std::sort(positions.begin() + t * stride, positions.begin() + t * stride + counts[static_cast<size_t>(t)]);
+  }
+  const auto attend = [&](const PagedRows& cache) {
+    std::vector<float> out(static_cast<size_t>(T * H * vd));
+    backend.sparse_mla_attention(SparseMlaArgs{.num_tokens = T, .num_heads = H, .qk_head_dim = qk, .v_head_dim = vd,
+                                               .kv_lora_rank = rank, .scale = 0.2f, .query = query.data(),
+                                               .kv_b = &kv_b, .latents = &cache, .positions = positions.data(),
+                                               .counts = counts.data(), .positions_stride = stride,
+                                               .out = out.data()});
+    return out;
+  };
+  EXPECT_EQ(attend(coded), attend(decoded));
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, LatentRowFormatTest, ::testing::Values(CacheDtype::bf16, CacheDtype::fp8_e4m3),
+                         [](const auto& param_info) { return std::string(cache_dtype_name(param_info.param)); });
 
 INSTANTIATE_TEST_SUITE_P(Formats, LinearFormatTest,
                          ::testing::Values(DType::f32, DType::bf16, DType::f16, DType::f8_e4m3),

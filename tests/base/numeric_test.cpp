@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <vector>
 
 namespace kestrel {
 namespace {
@@ -49,6 +50,50 @@ TEST(NumericTest, Fp8E4m3KnownValues) {
   EXPECT_EQ(fp8_e4m3_to_f32(0xfe), -448.0f);
   EXPECT_TRUE(std::isnan(fp8_e4m3_to_f32(0x7f)));
   EXPECT_TRUE(std::isnan(fp8_e4m3_to_f32(0xff)));
+}
+
+// The code nearest to `value` by brute force over the finite codes, ties to the even code (mantissa bit 0 clear),
+// saturating at ±448: what the encoder must give.
+uint8_t e4m3_nearest(double value) {
+  const uint8_t sign = std::signbit(value) ? 0x80 : 0x00;
+  const double magnitude = std::fabs(value);
+  uint8_t best = 0;
+  for (int code = 1; code < 0x7f; ++code) {
+    const double distance = std::fabs(e4m3_reference(static_cast<uint8_t>(code)) - magnitude);
+    const double best_distance = std::fabs(e4m3_reference(best) - magnitude);
+    if (distance < best_distance || (distance == best_distance && (code & 1) == 0)) best = static_cast<uint8_t>(code);
+  }
+  return static_cast<uint8_t>(sign | best);
+}
+
+// f32_to_fp8_e4m3 against the brute-force nearest code: every code itself, every midpoint between neighbours (the
+// ties), points just either side of them, and the saturating and NaN cases.
+TEST(NumericTest, Fp8E4m3EncodingRoundsToNearestEven) {
+  std::vector<float> values;
+  for (int code = 0; code < 0x7e; ++code) {
+    const double low = e4m3_reference(static_cast<uint8_t>(code));
+    const double high = e4m3_reference(static_cast<uint8_t>(code + 1));
+    const auto middle = static_cast<float>((low + high) / 2);
+    values.insert(values.end(), {static_cast<float>(low), middle, std::nextafter(middle, 0.0f),
+                                 std::nextafter(middle, 1000.0f)});
+  }
+  values.push_back(448.0f);
+  for (const float value : values) {
+    for (const float signed_value : {value, -value}) {
+      EXPECT_EQ(f32_to_fp8_e4m3(signed_value), e4m3_nearest(signed_value)) << "value " << signed_value;
+      EXPECT_EQ(std::signbit(fp8_e4m3_to_f32(f32_to_fp8_e4m3(signed_value))), std::signbit(signed_value))
+          << "value " << signed_value;
+    }
+  }
+  for (int code = 0; code < 256; ++code) {
+    if ((code & 0x7f) == 0x7f) continue;
+    EXPECT_EQ(f32_to_fp8_e4m3(fp8_e4m3_to_f32(static_cast<uint8_t>(code))), code) << "code " << code;
+  }
+  EXPECT_EQ(f32_to_fp8_e4m3(463.99f), 0x7e);  // would round to 448 anyway
+  EXPECT_EQ(f32_to_fp8_e4m3(1000.0f), 0x7e);  // saturates
+  EXPECT_EQ(f32_to_fp8_e4m3(-std::numeric_limits<float>::infinity()), 0xfe);
+  EXPECT_EQ(f32_to_fp8_e4m3(std::numeric_limits<float>::quiet_NaN()) & 0x7f, 0x7f);
+  EXPECT_EQ(f32_to_fp8_e4m3(1e-30f), 0x00);  // underflows to zero
 }
 
 TEST(NumericTest, Fp8E4m3PositiveCodesAreIncreasing) {

@@ -84,7 +84,9 @@ DeviceRows to_device_rows(RowBlockPool& pool, const BlockTable& table, int64_t n
   const int64_t block_floats = pool.block_rows() * pool.row_width();
   const int64_t max_id = *std::max_element(ids.begin(), ids.end());
   std::vector<float> host(static_cast<size_t>((max_id + 1) * block_floats), std::numeric_limits<float>::quiet_NaN());
-  for (const int32_t id : ids) std::copy_n(pool.block(id), block_floats, host.begin() + id * block_floats);
+  for (const int32_t id : ids) {
+    std::copy_n(pool.data() + id * block_floats, block_floats, host.begin() + id * block_floats);
+  }
   DeviceRows rows{.pool = to_device(host), .block_ids = to_device(ids), .view = {}};
   rows.view = DevicePagedRows{.pool = rows.pool.as<float>(), .block_ids = rows.block_ids.as<int32_t>(),
                               .block_rows = pool.block_rows(), .row_width = pool.row_width(), .num_rows = num_rows};
@@ -485,6 +487,23 @@ TEST(CudaDsaTest, BadShapesAreRefused) {
   const LinearWeight kv_b{.name = "kv_b", .dtype = DType::f32, .out_features = 10, .in_features = 4,
                           .data = reinterpret_cast<const std::byte*>(&mla)};
   EXPECT_THROW(DeviceMlaWeights::upload(kv_b, 2, 3, 3), Error);  // 10 rows, not 2 x (3 + 3)
+}
+
+// --kv-cache-dtype bfloat16 or fp8 on the GPU: the kernels read float32 rows only so far, so a pool of another
+// format is refused when made, with an Error naming the flag, not read as floats.
+TEST(CudaDsaTest, RowFormatsOtherThanFloat32AreRefused) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  CudaBackend gpu(0);
+  for (const CacheDtype dtype : {CacheDtype::bf16, CacheDtype::fp8_e4m3}) {
+    try {
+      RowBlockPool pool(gpu, RowFormat{.dtype = dtype, .width = 512}, 16, 4);
+      ADD_FAILURE() << "a " << cache_dtype_name(dtype) << " pool was made";
+    } catch (const Error& error) {
+      EXPECT_NE(std::string(error.what()).find("--kv-cache-dtype"), std::string::npos) << error.what();
+    }
+  }
+  RowBlockPool float_pool(gpu, RowFormat{.width = 512}, 16, 4);
+  EXPECT_EQ(float_pool.capacity_blocks(), 4);
 }
 
 }  // namespace

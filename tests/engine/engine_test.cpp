@@ -280,7 +280,7 @@ TEST(EngineConfig, LimitsAreCheckedNamingTheSetting) {
 // blocks; too little for one max_model_len sequence is an Error giving the longest context that fits.
 TEST(EngineConfig, OnADeviceTheCacheGetsTheMemoryLeftUnderTheUtilization) {
   const Glm5NextConfig& model = fixture_model().config();
-  const size_t block = CachePools::block_bytes(model, 16);
+  const size_t block = CachePools::block_bytes(model, 16, CacheDtype::float32);
   const size_t slots = 4 * static_cast<size_t>(SequenceState::kda_state_size(model)) * sizeof(float);
   ASSERT_GT(block, 0u);
   const size_t total = size_t{1} << 30, in_use = 100u << 20;
@@ -306,6 +306,33 @@ TEST(EngineConfig, OnADeviceTheCacheGetsTheMemoryLeftUnderTheUtilization) {
         resolve_engine_config({.gpu_memory_utilization = 1.5}, model, DeviceMemory{.free_bytes = 1, .total_bytes = 1});
       },
       {"gpu_memory_utilization"});
+}
+
+// --kv-cache-dtype sizes the latents' rows: a block of fp8 latents (a byte a value and a float32 scale per 128,
+// padded to 16 bytes) or bf16 ones takes less memory than float32, so the same GPU memory holds more blocks; the
+// indexer's rows stay float32.
+TEST(EngineConfig, SmallerLatentRowsGiveMoreCacheBlocks) {
+  const Glm5NextConfig& model = fixture_model().config();
+  const auto layers = static_cast<size_t>(std::count(model.layer_types.begin(), model.layer_types.end(),
+                                                     LayerType::sparse_attention));
+  const auto rank = static_cast<size_t>(model.kv_lora_rank), index = static_cast<size_t>(model.index_head_dim);
+  const size_t indexer = 16 * 2 * 4 * index + 16 / static_cast<size_t>(model.index_kpool) * 4 * index;
+  const auto padded = [](size_t bytes) { return (bytes + 15) / 16 * 16; };
+  EXPECT_EQ(CachePools::block_bytes(model, 16, CacheDtype::float32), layers * (16 * 4 * rank + indexer));
+  EXPECT_EQ(CachePools::block_bytes(model, 16, CacheDtype::bf16), layers * (16 * padded(2 * rank) + indexer));
+  const size_t fp8_row = padded((rank + 3) / 4 * 4 + 4 * ((rank + 127) / 128));
+  EXPECT_EQ(CachePools::block_bytes(model, 16, CacheDtype::fp8_e4m3), layers * (16 * fp8_row + indexer));
+
+  const size_t total = size_t{1} << 30, in_use = 100u << 20;
+  const size_t slots = 4 * static_cast<size_t>(SequenceState::kda_state_size(model)) * sizeof(float);
+  for (const CacheDtype dtype : {CacheDtype::float32, CacheDtype::bf16, CacheDtype::fp8_e4m3}) {
+    const EngineConfig resolved = resolve_engine_config(
+        {.max_model_len = 256, .max_num_seqs = 4, .gpu_memory_utilization = 0.5, .kv_cache_dtype = dtype}, model,
+        DeviceMemory{.free_bytes = total - in_use, .total_bytes = total});
+    EXPECT_EQ(resolved.num_blocks,
+              static_cast<int64_t>((total / 2 - in_use - slots) / CachePools::block_bytes(model, 16, dtype)))
+        << cache_dtype_name(dtype);
+  }
 }
 
 TEST(Engine, StreamsOutputsAndRefusesWhatItCannotServe) {

@@ -341,6 +341,26 @@ class EnvApiKey(unittest.TestCase):
             check_clean_exit(self, server)
 
 
+class Fp8KvCache(unittest.TestCase):
+    """`--kv-cache-dtype fp8` (as the seed deployment runs): the engine keeps the latents in e4m3 rows, the server
+    answers, and the same prompt again (its prefix now read back from the fp8 rows) gives the same greedy text."""
+
+    def test_fp8_latents_serve_and_repeat(self):
+        server = Server("--kv-cache-dtype", "fp8")
+        try:
+            body = {"model": MODEL_NAME, "prompt": "fp8 cache rows " * 8, "max_tokens": 12, "temperature": 0}
+            answers = []
+            for _ in range(2):
+                status, _, raw = server.request("POST", "/v1/completions", body)
+                self.assertEqual(status, 200, raw)
+                answers.append(json.loads(raw)["choices"][0]["text"])
+            self.assertTrue(answers[0])
+            self.assertEqual(answers[0], answers[1])
+            self.assertTrue(any("latents in fp8_e4m3" in line for line in server.stderr_lines), server.stderr_lines)
+        finally:
+            check_clean_exit(self, server)
+
+
 class Cli(unittest.TestCase):
     def run_serve(self, *args):
         import subprocess
@@ -350,7 +370,7 @@ class Cli(unittest.TestCase):
     def test_bad_flags_are_errors(self):
         from serve_fixture import MODEL
         for args, needle in [((), "--model"), (("--model", MODEL, "--no-such-flag"), "no-such-flag"),
-                             (("--model", MODEL, "--kv-cache-dtype", "fp8"), "kv-cache-dtype"),
+                             (("--model", MODEL, "--kv-cache-dtype", "fp8_e5m2"), "kv-cache-dtype fp8_e5m2"),
                              (("--model", MODEL, "--tool-call-parser", "hermes"), "tool-call-parser"),
                              (("--model", MODEL, "--port", "70000"), "port"),
                              (("--model", "/nonexistent/model"), "nonexistent")]:

@@ -1,7 +1,8 @@
 // DeepSeek sparse attention on the CPU: k-pool compression of indexer keys, the lightning indexer's pool selection
 // (deterministic: higher score first, then lower pool index) with the visible tail, and NoPE MLA attention over the
 // selected positions in the absorbed form (queries mapped into the latent space, attention over cached latents).
-// Mirrors transformers' Glm5NextTextIndexer and Glm5NextTextAttention (eager path) in float32.
+// Mirrors transformers' Glm5NextTextIndexer and Glm5NextTextAttention (eager path) in float32, the latents decoded
+// from the cache's format (bf16 or fp8 rows, --kv-cache-dtype).
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -91,11 +92,34 @@ void CpuBackend::indexer_select(const IndexerArgs& a) {
   });
 }
 
+namespace {
+
+// The rows of `cache` at `positions` as float32: the pool's own rows when it keeps float32, else decoded into
+// `decoded`.
+void selected_rows(const PagedRows& cache, std::span<const int32_t> positions, std::vector<float>& decoded,
+                   std::vector<const float*>& rows) {
+  rows.resize(positions.size());
+  if (cache.format().dtype == CacheDtype::float32) {
+    for (size_t i = 0; i < positions.size(); ++i) rows[i] = cache.row(positions[i]);
+    return;
+  }
+  const auto width = static_cast<size_t>(cache.row_width());
+  decoded.resize(positions.size() * width);
+  for (size_t i = 0; i < positions.size(); ++i) {
+    decode_row(cache.format(), cache.row_bytes(positions[i]), &decoded[i * width]);
+    rows[i] = &decoded[i * width];
+  }
+}
+
+}  // namespace
+
 void CpuBackend::sparse_mla_attention(const SparseMlaArgs& a) {
   const int64_t rank = a.kv_lora_rank, qk = a.qk_head_dim, vd = a.v_head_dim;
   ThreadPool::global().parallel_for(a.num_heads, [&](int64_t begin, int64_t end) {
     const auto sz = [](int64_t n) { return static_cast<size_t>(n); };
     std::vector<float> w_uk(sz(qk * rank)), w_uv(sz(vd * rank)), q_latent(sz(rank)), o_latent(sz(rank)), probs;
+    std::vector<float> decoded;
+    std::vector<const float*> latents;
     for (int64_t h = begin; h < end; ++h) {
       const int64_t first_row = h * (qk + vd);
       for (int64_t r = 0; r < qk; ++r) dequantize_row(*a.kv_b, first_row + r, &w_uk[sz(r * rank)]);
@@ -108,10 +132,11 @@ void CpuBackend::sparse_mla_attention(const SparseMlaArgs& a) {
           for (int64_t r = 0; r < rank; ++r) q_latent[sz(r)] += q[d] * w_uk[sz(d * rank + r)];
         }
         const std::span<const int32_t> positions(a.positions + t * a.positions_stride, sz(a.counts[t]));
+        selected_rows(*a.latents, positions, decoded, latents);
         probs.resize(positions.size());
         float max_score = -INFINITY;
         for (size_t i = 0; i < positions.size(); ++i) {
-          const float* latent = a.latents->row(positions[i]);
+          const float* latent = latents[i];
           float score = 0.0f;
           for (int64_t r = 0; r < rank; ++r) score += q_latent[sz(r)] * latent[r];
           probs[i] = score * a.scale;
@@ -124,7 +149,7 @@ void CpuBackend::sparse_mla_attention(const SparseMlaArgs& a) {
         }
         std::fill(o_latent.begin(), o_latent.end(), 0.0f);
         for (size_t i = 0; i < positions.size(); ++i) {
-          const float* latent = a.latents->row(positions[i]);
+          const float* latent = latents[i];
           const float p = probs[i] / total;
           for (int64_t r = 0; r < rank; ++r) o_latent[sz(r)] += p * latent[r];
         }

@@ -455,6 +455,12 @@ void CudaBackend::write_rows(PagedRows& rows, int64_t first_row, const float* sr
   check(cuda::write_paged_rows(device_rows(rows), first_row, src, count, stream_), "write_paged_rows launch");
 }
 
+void CudaBackend::check_cache_format(const RowFormat& format) const {
+  require(format.dtype == CacheDtype::float32,
+          "--kv-cache-dtype {}: the CUDA backend keeps its cache rows in float32 so far (use auto, or --device cpu)",
+          cache_dtype_name(format.dtype));
+}
+
 void CudaBackend::kpool_compress(const PagedRows& keys, const PagedRows& gates, const float* ape, int64_t first_pool,
                                  int64_t num_pools, int64_t kpool, float* pooled) {
   check(cuda::kpool_compress(device_rows(keys), device_rows(gates), ape, first_pool, num_pools, kpool, pooled,
