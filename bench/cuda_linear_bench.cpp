@@ -484,7 +484,10 @@ int side_by_side(const SideBySideOptions& options) {
       try {
         int next = 0;
         const double us = time_us(options.iterations, [&] { call(next++ % cycle); }, backend.stream(), cycle);
-        call(0);  // on copy 0 / routing 0, for the comparison
+        // On copy 0 / routing 0, for the comparison; the MoE layer adds into its output, so it starts from zeros.
+        check(cudaMemsetAsync(result, 0, static_cast<size_t>(T * width) * sizeof(float), backend.stream()),
+              "output clear");
+        call(0);
         std::vector<float> host(static_cast<size_t>(T * width));
         backend.copy_to_host(host.data(), result, host.size() * sizeof(float));
         outputs.push_back({output, T, width, std::move(host)});

@@ -136,7 +136,7 @@ struct MoeArgs {
   const PlacedWeight* placed_experts = nullptr;  // what place_experts returned for them (null on the CPU)
   const int32_t* expert_ids;                 // [T, top_k]
   const float* expert_weights;               // [T, top_k]
-  float* out;                                // [T, hidden], overwritten
+  float* out;                                // [T, hidden]: the experts' weighted sum is added to it
 };
 
 // A device's memory as its driver reports it, and what the backend's own allocator holds for activations, caches
@@ -298,7 +298,7 @@ public:
                               int64_t num_pools, int64_t kpool, float* pooled) = 0;
 
   virtual void route_experts(const RouterArgs& args) = 0;
-  // out[T, hidden] = sum over each token's experts of weight * down(clamped_swiglu(gate x, up x)).
+  // out[T, hidden] += sum over each token's experts of weight * down(clamped_swiglu(gate x, up x)).
   virtual void moe_experts(const MoeArgs& args) = 0;
   // KDA forget gate, per head h and channel: g = lower_bound * sigmoid(exp(A_log[h]) * (f + dt_bias)) when a lower
   // bound (a host pointer) is set, else -exp(A_log[h]) * softplus(f + dt_bias). f and g are [T, heads, head_dim].

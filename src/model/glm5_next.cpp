@@ -415,15 +415,23 @@ void Glm5NextModel::mlp_block(Workspace& ws, const MlpWeights& w, const float* x
   backend_.swiglu_linear(gate, up, T, static_cast<float>(config_.swiglu_limit), w.down_proj, hidden, out);
 }
 
+// The shared expert runs first and the routed experts add into its output: its gate and up share the router's
+// launch (one input), and its down projection's weights load while the router's top-k runs.
 void Glm5NextModel::moe_block(Workspace& ws, const MoeWeights& w, const float* x, int64_t T, float* out) {
   const Glm5NextConfig& c = config_;
   const int64_t E = c.n_routed_experts, k = c.num_experts_per_tok, D = c.hidden_size;
+  const int64_t I = w.shared.gate_proj.out_features;
   const Workspace::Frame frame(ws);
   float* router_logits = ws.floats(T * E);
+  float* shared_gate = ws.floats(T * I);
+  float* shared_up = ws.floats(T * I);
+  float* shared_hidden = ws.floats(T * I);
   float* expert_weights = ws.floats(T * k);
   int32_t* expert_ids = ws.int32s(T * k);
-  std::optional<ProfileScope> part(std::in_place, profile_, backend_, "moe router");
-  backend_.linear(x, T, w.router, router_logits);
+  std::optional<ProfileScope> part(std::in_place, profile_, backend_, "moe router and shared gate, up");
+  const LinearWeight* weights[] = {&w.router, &w.shared.gate_proj, &w.shared.up_proj};
+  float* const outputs[] = {router_logits, shared_gate, shared_up};
+  backend_.linears(x, T, weights, outputs);
   backend_.route_experts(RouterArgs{.num_tokens = T,
                                     .num_experts = E,
                                     .top_k = k,
@@ -435,6 +443,9 @@ void Glm5NextModel::moe_block(Workspace& ws, const MoeWeights& w, const float* x
                                     .correction_bias = w.correction_bias.data(),
                                     .expert_ids = expert_ids,
                                     .expert_weights = expert_weights});
+  part.emplace(profile_, backend_, "moe shared expert");
+  backend_.swiglu_linear(shared_gate, shared_up, T, static_cast<float>(c.swiglu_limit), w.shared.down_proj,
+                         shared_hidden, out);
   part.emplace(profile_, backend_, "moe routed experts");
   backend_.moe_experts(MoeArgs{.num_tokens = T,
                                .hidden = D,
@@ -449,10 +460,6 @@ void Glm5NextModel::moe_block(Workspace& ws, const MoeWeights& w, const float* x
                                .out = out});
   part.reset();
   if (observer_ != nullptr) observe_experts(ws, w, x, T, expert_ids);
-  part.emplace(profile_, backend_, "moe shared expert");
-  float* shared = ws.floats(T * D);
-  mlp_block(ws, w.shared, x, T, shared);
-  backend_.add(shared, T * D, out);
 }
 
 void Glm5NextModel::observe_experts(Workspace& ws, const MoeWeights& w, const float* x, int64_t T,

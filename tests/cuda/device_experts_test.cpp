@@ -44,6 +44,12 @@ RandomExperts random_experts(int64_t count, int64_t hidden, int64_t intermediate
   return result;
 }
 
+// What a call added to out: after - before, element by element.
+std::vector<float> added(std::vector<float> after, const std::vector<float>& before) {
+  for (size_t i = 0; i < after.size(); ++i) after[i] -= before[i];
+  return after;
+}
+
 // Distinct experts per token (as a router picks them), weights in (0, 1).
 void random_routing(int64_t tokens, int64_t top_k, int64_t experts, uint32_t seed, std::vector<int32_t>& ids,
                     std::vector<float>& weights) {
@@ -77,15 +83,17 @@ TEST(CudaExpertsTest, FusedMoeMatchesCpu) {
       std::vector<float> weights;
       random_routing(tokens, shape.top_k, shape.experts, ++seed, ids, weights);
       const std::vector<float> x = random_values(static_cast<size_t>(tokens * shape.hidden), ++seed);
-      std::vector<float> expected(x.size());
+      // The experts add into what out holds.
+      const std::vector<float> initial = random_values(x.size(), ++seed);
+      std::vector<float> expected = initial;
+      const DeviceBuffer x_dev = to_device(x), ids_dev = to_device(ids), weights_dev = to_device(weights);
+      DeviceBuffer out = to_device(initial);
       cpu.moe_experts(MoeArgs{.num_tokens = tokens, .hidden = shape.hidden, .intermediate = shape.intermediate,
                               .top_k = shape.top_k, .swiglu_limit = 7.0f, .x = x.data(), .experts = &experts.weights,
                               .expert_ids = ids.data(), .expert_weights = weights.data(), .out = expected.data()});
-      const DeviceBuffer x_dev = to_device(x), ids_dev = to_device(ids), weights_dev = to_device(weights);
-      DeviceBuffer out(x.size() * sizeof(float));
       device.forward(x_dev.as<float>(), tokens, shape.top_k, ids_dev.as<int32_t>(), weights_dev.as<float>(), 7.0f,
                      out.as<float>(), scratch, nullptr);
-      EXPECT_LT(relative_difference(to_host(out), expected), kTolerance)
+      EXPECT_LT(relative_difference(added(to_host(out), initial), added(expected, initial)), kTolerance)
           << "experts " << shape.experts << " hidden " << shape.hidden << " tokens " << tokens;
     }
   }
@@ -108,13 +116,15 @@ TEST(CudaExpertsTest, BackendMoeMatchesCpuOnBothPaths) {
     std::vector<float> weights;
     random_routing(tokens, kTopK, kExperts, ++seed, ids, weights);
     const std::vector<float> x = random_values(static_cast<size_t>(tokens * kHidden), ++seed);
-    std::vector<float> expected(x.size());
+    // The experts add into what out holds.
+    const std::vector<float> initial = random_values(x.size(), ++seed);
+    std::vector<float> expected = initial;
+    const DeviceBuffer x_dev = to_device(x), ids_dev = to_device(ids), weights_dev = to_device(weights);
+    DeviceBuffer out = to_device(initial);
     const MoeArgs args{.num_tokens = tokens, .hidden = kHidden, .intermediate = kIntermediate, .top_k = kTopK,
                        .swiglu_limit = 7.0f, .x = x.data(), .experts = &experts.weights,
                        .expert_ids = ids.data(), .expert_weights = weights.data(), .out = expected.data()};
     cpu.moe_experts(args);
-    const DeviceBuffer x_dev = to_device(x), ids_dev = to_device(ids), weights_dev = to_device(weights);
-    DeviceBuffer out(x.size() * sizeof(float));
     MoeArgs device_args = args;
     device_args.x = x_dev.as<float>();
     device_args.placed_experts = placed.get();
@@ -123,7 +133,8 @@ TEST(CudaExpertsTest, BackendMoeMatchesCpuOnBothPaths) {
     device_args.out = out.as<float>();
     gpu.moe_experts(device_args);
     gpu.synchronize();
-    EXPECT_LT(relative_difference(to_host(out), expected), kTolerance) << "tokens " << tokens;
+    EXPECT_LT(relative_difference(added(to_host(out), initial), added(expected, initial)), kTolerance)
+        << "tokens " << tokens;
   }
 }
 

@@ -178,7 +178,7 @@ TEST_P(GoldenTest, ProfiledForwardTimesEachPartAndGivesTheSameLogits) {
   }
   if (has(c.mlp_layer_types, MlpType::dense)) wanted.emplace_back("dense mlp");
   if (has(c.mlp_layer_types, MlpType::sparse)) {
-    wanted.insert(wanted.end(), {"moe router", "moe routed experts", "moe shared expert"});
+    wanted.insert(wanted.end(), {"moe router and shared gate, up", "moe routed experts", "moe shared expert"});
   }
   std::vector<std::string> timed;
   for (const ForwardProfile::Part& part : profile.parts) {

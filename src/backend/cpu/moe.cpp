@@ -61,7 +61,6 @@ void CpuBackend::route_experts(const RouterArgs& a) {
 
 void CpuBackend::moe_experts(const MoeArgs& a) {
   const int64_t D = a.hidden, I = a.intermediate;
-  std::fill(a.out, a.out + a.num_tokens * D, 0.0f);
   const auto num_experts = static_cast<int64_t>(a.experts->size());
   for (int64_t e = 0; e < num_experts; ++e) {
     std::vector<int64_t> tokens;

@@ -23,7 +23,7 @@ public:
   // same shapes; anything else is refused with an Error naming the tensor.
   static DeviceExperts upload(const std::vector<ExpertWeights>& experts, int sm_count);
 
-  // out[T, hidden] = sum over j < top_k of weights[t, j] * down_e(clamped_swiglu(gate_e x_t, up_e x_t)), e = ids[t, j].
+  // out[T, hidden] += sum over j < top_k of weights[t, j] * down_e(clamped_swiglu(gate_e x_t, up_e x_t)), e = ids[t, j].
   // x, ids [T, top_k] (valid expert indices), weights [T, top_k] and out are device memory.
   void forward(const float* x, int64_t num_tokens, int64_t top_k, const int32_t* ids, const float* weights,
                float swiglu_limit, float* out, Scratch& scratch, cudaStream_t stream) const;

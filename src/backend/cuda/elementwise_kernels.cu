@@ -86,7 +86,7 @@ __global__ void weighted_slot_sum_kernel(const float* slots, const float* weight
   const int64_t t = i / hidden, d = i % hidden;
   float sum = 0.0f;
   for (int64_t j = 0; j < top_k; ++j) sum += weights[t * top_k + j] * slots[(t * top_k + j) * hidden + d];
-  out[i] = sum;
+  out[i] += sum;
 }
 
 __global__ void fill_kernel(float* x, int64_t n, float value) {

@@ -31,7 +31,7 @@ cudaError_t stream_mean(const float* streams, int64_t num_tokens, int64_t hc_mul
 cudaError_t stream_expand(const float* x, int64_t num_tokens, int64_t hc_mult, int64_t hidden, float* streams,
                           cudaStream_t stream);
 
-// The MoE combine: out[t, :] = sum over j < top_k of weights[t, j] * slots[t * top_k + j, :] (slots [T * top_k,
+// The MoE combine: out[t, :] += sum over j < top_k of weights[t, j] * slots[t * top_k + j, :] (slots [T * top_k,
 // hidden]), summed in slot order.
 cudaError_t weighted_slot_sum(const float* slots, const float* weights, int64_t num_tokens, int64_t top_k,
                               int64_t hidden, float* out, cudaStream_t stream);
