@@ -11,8 +11,8 @@
 namespace kestrel {
 
 CacheDtype parse_kv_cache_dtype(std::string_view flag) {
-  if (flag == "auto" || flag == "float32") return CacheDtype::float32;
-  if (flag == "bfloat16" || flag == "bf16") return CacheDtype::bf16;
+  if (flag == "auto") return CacheDtype::float32;
+  if (flag == "bfloat16") return CacheDtype::bf16;
   if (flag == "fp8" || flag == "fp8_e4m3" || flag == "fp8_ds_mla") return CacheDtype::fp8_e4m3;
   fail("--kv-cache-dtype {} is not supported (choose auto, bfloat16, fp8, fp8_e4m3 or fp8_ds_mla)", flag);
 }
