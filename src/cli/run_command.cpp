@@ -183,6 +183,7 @@ Action add_run_command(CLI::App& app) {
     const CacheDtype kv_cache_dtype = parse_kv_cache_dtype(options->kv_cache_dtype);
 
     const auto backend = make_backend(options->device);
+    backend->check_cache_format(RowFormat{.dtype = kv_cache_dtype});  // before the weights load, not after
     const auto model = Glm5NextModel::load(options->model, *backend);
     // One sequence at a time; the prefix cache lets each chat turn reuse the conversation's earlier blocks.
     Engine engine(std::make_unique<EngineCore>(

@@ -88,6 +88,7 @@ Action add_serve_command(CLI::App& app) {
     const ChatTemplate chat_template =
         ChatTemplate::load(dir, o->chat_template.empty() ? std::nullopt : std::optional<std::filesystem::path>(o->chat_template));
     const auto backend = make_backend(o->device);
+    backend->check_cache_format(RowFormat{.dtype = kv_cache_dtype});  // before the weights load, not after
     const auto model = Glm5NextModel::load(o->model, *backend);
     EngineConfig config;
     config.max_model_len = o->max_model_len;
