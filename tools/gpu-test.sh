@@ -70,8 +70,11 @@ for draw in greedy sample; do  # the step as the engine ends it: tokens drawn on
   "$kestrel" bench --device cuda --model "$synthetic" --contexts 1024 --sequences 1,4,16,64 --draw $draw || forward_rc=1
 done
 "$kestrel" bench --device cuda --model "$synthetic" --contexts 131072 --sequences 1 --steps 32; long_rc=$?
-"$kestrel" bench --device cuda --model "$synthetic" --prefill-lengths 2048,8192,32768 --prefill-chunk 8192 \
-  --contexts 1024 --sequences 1 --steps 4 --profile; prefill_rc=$?
+prefill_rc=0
+for dtype in float32 bfloat16; do  # the bf16 matrices' inputs exact, then rounded (vLLM's bf16 activations)
+  "$kestrel" bench --device cuda --model "$synthetic" --dtype $dtype --prefill-lengths 2048,8192,32768 \
+    --prefill-chunk 8192 --contexts 1024 --sequences 1 --steps 4 --profile || prefill_rc=1
+done
 "$step_bench" "$synthetic" 64; step_rc=$?
 trace="$(dirname "$step_bench")/kestrel_cuda_kernel_trace"
 if [ -x "$trace" ]; then  # a one-stream step's kernels as they ran (CUPTI records); a diagnostic, not in the summary

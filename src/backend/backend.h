@@ -17,6 +17,7 @@
 
 #include "backend/dsa_selection.h"
 #include "backend/linear_weight.h"
+#include "backend/product_input.h"
 #include "backend/token_draw.h"
 #include "base/error.h"
 #include "engine/paged_rows.h"
@@ -151,6 +152,11 @@ public:
   virtual ~Backend() = default;
   virtual std::string_view name() const = 0;
 
+  // The input of the products with bf16 weights (product_input.h); set before the weights are placed, since a GPU
+  // fixes each matrix's kernels then.
+  void set_product_input(ProductInput input) { product_input_ = input; }
+  ProductInput product_input() const { return product_input_; }
+
   // Float arrays in the backend's memory, 64-byte aligned (activations, caches, states); allocation failure throws.
   virtual float* allocate_floats(size_t count) = 0;
   virtual void free_floats(float* data) = 0;
@@ -164,8 +170,6 @@ public:
   // format. The default, for a backend whose memory is the host's, copies a block's run of float32 rows at a time
   // and encodes bf16 and fp8 rows one by one; a GPU writes them all in one launch through the block table.
   virtual void write_rows(PagedRows& rows, int64_t first_row, const float* src, int64_t count);
-  // Throws Error when the backend cannot keep cache rows of `format` (a pool checks when it is made).
-  virtual void check_cache_format(const RowFormat& /*format*/) const {}
   // `count` floats of the backend's memory, readable on the host once it returns (after every op queued before it):
   // a view of host memory the backend owns (page-locked on a GPU, so the copy runs at the bus's speed, not through
   // the driver's staging), valid until the next read_back or the backend's end.
@@ -317,6 +321,9 @@ public:
   virtual void stream_expand(const float* x, int64_t num_tokens, int64_t hc_mult, int64_t hidden, float* streams) = 0;
   // out[T, n] = silu(min(gate, limit)) * clamp(up, -limit, limit).
   virtual void clamped_swiglu(const float* gate, const float* up, int64_t rows, int64_t n, float limit, float* out) = 0;
+
+private:
+  ProductInput product_input_ = ProductInput::float32;
 };
 
 }  // namespace kestrel

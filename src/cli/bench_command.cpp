@@ -200,7 +200,7 @@ double prefill_new(Glm5NextModel& model, int64_t length, int64_t chunk, std::mt1
 
 Action add_bench_command(CLI::App& app) {
   struct Options {
-    std::string model, device = "auto", draw = "logits", kv_cache_dtype = "auto";
+    std::string model, device = "auto", draw = "logits", kv_cache_dtype = "auto", dtype = "auto";
     std::vector<int64_t> contexts{1024}, sequences{1, 4}, prefill_lengths;
     int64_t steps = 32, chunk = 2048;
     uint32_t seed = 1;
@@ -211,6 +211,7 @@ Action add_bench_command(CLI::App& app) {
   cmd->add_option("--model", o->model, "Checkpoint directory")->required();
   add_device_option(cmd, o->device);
   add_kv_cache_dtype_option(cmd, o->kv_cache_dtype);
+  add_dtype_option(cmd, o->dtype);
   cmd->add_option("--contexts", o->contexts, "Context lengths to decode at (prompt tokens), comma-separated")
       ->delimiter(',')
       ->capture_default_str();
@@ -245,7 +246,8 @@ Action add_bench_command(CLI::App& app) {
                 std::all_of(o->sequences.begin(), o->sequences.end(), [](int64_t n) { return n >= 1 && n <= 1024; }),
             "--sequences must be in [1, 1024]");
     const CacheDtype kv_cache_dtype = parse_kv_cache_dtype(o->kv_cache_dtype);
-    const auto backend = make_backend(o->device);
+    const ProductInput product_input = parse_dtype(o->dtype);
+    const auto backend = make_backend(o->device, product_input);
     const auto model = Glm5NextModel::load(o->model, *backend, kv_cache_dtype);
     const Glm5NextConfig& c = model->config();
     std::mt19937 rng(o->seed);

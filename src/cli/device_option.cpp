@@ -23,7 +23,16 @@ void add_kv_cache_dtype_option(CLI::App* cmd, std::string& kv_cache_dtype) {
       ->capture_default_str();
 }
 
-std::unique_ptr<Backend> make_backend(const std::string& device) {
+void add_dtype_option(CLI::App* cmd, std::string& dtype) {
+  cmd->add_option("--dtype", dtype,
+                  "The input of the products with bf16 weights: auto (float32: the reference's math), float32, or "
+                  "bfloat16 (rounded first, as vLLM's bf16 activations: faster prefill on a GPU)")
+      ->capture_default_str();
+}
+
+namespace {
+
+std::unique_ptr<Backend> backend_for(const std::string& device) {
 #ifdef KESTREL_WITH_CUDA
   const int gpus = cuda::device_count();
   if (device == "cuda" || (device == "auto" && gpus > 0)) {
@@ -36,6 +45,15 @@ std::unique_ptr<Backend> make_backend(const std::string& device) {
 #endif
   log_info("device: cpu");
   return std::make_unique<CpuBackend>();
+}
+
+}  // namespace
+
+std::unique_ptr<Backend> make_backend(const std::string& device, ProductInput input) {
+  std::unique_ptr<Backend> backend = backend_for(device);
+  backend->set_product_input(input);
+  log_info("products of bf16 matrices take {} inputs (--dtype)", product_input_name(input));
+  return backend;
 }
 
 }  // namespace kestrel::cli

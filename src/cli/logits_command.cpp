@@ -14,7 +14,7 @@ namespace kestrel::cli {
 
 Action add_logits_command(CLI::App& app) {
   struct Options {
-    std::string model, tokens, out, device = "auto", kv_cache_dtype = "auto";
+    std::string model, tokens, out, device = "auto", kv_cache_dtype = "auto", dtype = "auto";
     std::optional<int64_t> prefill;
   };
   auto options = std::make_shared<Options>();
@@ -26,6 +26,7 @@ Action add_logits_command(CLI::App& app) {
   cmd->add_option("--out", options->out, "Output .npy file")->required();
   add_device_option(cmd, options->device);
   add_kv_cache_dtype_option(cmd, options->kv_cache_dtype);
+  add_dtype_option(cmd, options->dtype);
   return [cmd, options]() -> int {
     if (!cmd->parsed()) return -1;
     const std::vector<int32_t> tokens = parse_token_list(options->tokens);
@@ -33,8 +34,9 @@ Action add_logits_command(CLI::App& app) {
     const int64_t prefill = options->prefill.value_or(T);
     require(prefill >= 1 && prefill <= T, "--prefill {} must be between 1 and the number of tokens ({})", prefill, T);
     const CacheDtype kv_cache_dtype = parse_kv_cache_dtype(options->kv_cache_dtype);
+    const ProductInput product_input = parse_dtype(options->dtype);
 
-    const auto backend = make_backend(options->device);
+    const auto backend = make_backend(options->device, product_input);
     const auto model = Glm5NextModel::load(options->model, *backend, kv_cache_dtype);
     const auto sequence = model->new_sequence();
     const int64_t vocab = model->config().vocab_size;

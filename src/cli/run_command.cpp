@@ -34,7 +34,7 @@ namespace kestrel::cli {
 namespace {
 
 struct RunOptions {
-  std::string model, device = "auto", kv_cache_dtype = "auto";
+  std::string model, device = "auto", kv_cache_dtype = "auto", dtype = "auto";
   std::optional<std::string> tokens, prompt, chat_template;
   bool raw = false;
   int64_t max_tokens = 256;
@@ -166,6 +166,7 @@ Action add_run_command(CLI::App& app) {
   cmd->add_option("--max-model-len", options->max_model_len, "Context length (0: the model's)")->capture_default_str();
   add_device_option(cmd, options->device);
   add_kv_cache_dtype_option(cmd, options->kv_cache_dtype);
+  add_dtype_option(cmd, options->dtype);
   cmd->add_option("--gpu-memory-utilization", options->gpu_memory_utilization,
                   "Fraction of the GPU's memory to use, weights and cache included")
       ->capture_default_str();
@@ -181,9 +182,9 @@ Action add_run_command(CLI::App& app) {
     require(options->max_tokens >= 0, "--max-tokens must not be negative");
     options->sampling.max_tokens = std::max<int64_t>(options->max_tokens, 1);
     const CacheDtype kv_cache_dtype = parse_kv_cache_dtype(options->kv_cache_dtype);
+    const ProductInput product_input = parse_dtype(options->dtype);
 
-    const auto backend = make_backend(options->device);
-    backend->check_cache_format(RowFormat{.dtype = kv_cache_dtype});  // before the weights load, not after
+    const auto backend = make_backend(options->device, product_input);
     const auto model = Glm5NextModel::load(options->model, *backend);
     // One sequence at a time; the prefix cache lets each chat turn reuse the conversation's earlier blocks.
     Engine engine(std::make_unique<EngineCore>(

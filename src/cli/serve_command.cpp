@@ -27,7 +27,7 @@ namespace kestrel::cli {
 Action add_serve_command(CLI::App& app) {
   struct Options {
     std::string model, served_model_name, host = "0.0.0.0", api_key, tool_call_parser, reasoning_parser;
-    std::string chat_template, kv_cache_dtype = "auto", device = "auto";
+    std::string chat_template, kv_cache_dtype = "auto", dtype = "auto", device = "auto";
     int port = 8888;
     int64_t max_model_len = 0, max_num_seqs = 16, max_num_batched_tokens = 2048;
     bool enable_prefix_caching = true, enable_auto_tool_choice = false;
@@ -53,6 +53,7 @@ Action add_serve_command(CLI::App& app) {
   cmd->add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", o->enable_prefix_caching,
                 "Automatic prefix caching (default on)");
   add_kv_cache_dtype_option(cmd, o->kv_cache_dtype);
+  add_dtype_option(cmd, o->dtype);
   cmd->add_option("--api-key", o->api_key, "Require 'Authorization: Bearer KEY' on /v1/* (env KESTREL_API_KEY, VLLM_API_KEY)");
   cmd->add_option("--tool-call-parser", o->tool_call_parser, "Tool call parser: glm47");
   cmd->add_option("--reasoning-parser", o->reasoning_parser, "Reasoning parser: glm45");
@@ -65,6 +66,7 @@ Action add_serve_command(CLI::App& app) {
   return [cmd, o]() -> int {
     if (!cmd->parsed()) return -1;
     const CacheDtype kv_cache_dtype = parse_kv_cache_dtype(o->kv_cache_dtype);
+    const ProductInput product_input = parse_dtype(o->dtype);
     require(o->tool_call_parser.empty() || o->tool_call_parser == "glm47",
             "--tool-call-parser {} is not supported (glm47 is)", o->tool_call_parser);
     require(o->reasoning_parser.empty() || o->reasoning_parser == "glm45",
@@ -87,8 +89,7 @@ Action add_serve_command(CLI::App& app) {
     const auto tokenizer = text::Tokenizer::load(dir / "tokenizer.json");
     const ChatTemplate chat_template =
         ChatTemplate::load(dir, o->chat_template.empty() ? std::nullopt : std::optional<std::filesystem::path>(o->chat_template));
-    const auto backend = make_backend(o->device);
-    backend->check_cache_format(RowFormat{.dtype = kv_cache_dtype});  // before the weights load, not after
+    const auto backend = make_backend(o->device, product_input);
     const auto model = Glm5NextModel::load(o->model, *backend);
     EngineConfig config;
     config.max_model_len = o->max_model_len;

@@ -29,7 +29,6 @@ void GrowingBlockSource::release(int32_t block) {
 
 RowBlockPool::RowBlockPool(Backend& backend, RowFormat format, int64_t block_rows, int64_t num_blocks)
     : backend_(backend), format_(format), block_rows_(block_rows), fixed_(num_blocks > 0) {
-  backend_.check_cache_format(format_);
   if (fixed_) reserve_blocks(num_blocks);
 }
 
@@ -45,13 +44,6 @@ void RowBlockPool::reserve_blocks(int64_t num_blocks) {
   storage_ = std::move(grown);
   capacity_blocks_ = capacity;
 }
-
-float* RowBlockPool::data() {
-  require(format_.dtype == CacheDtype::float32, "a {} cache pool read as float32", cache_dtype_name(format_.dtype));
-  return storage_.data();
-}
-
-const float* RowBlockPool::data() const { return const_cast<RowBlockPool*>(this)->data(); }
 
 void BlockTable::grow_to(int64_t num_blocks) {
   const size_t from = ids_.size();

@@ -63,9 +63,6 @@ public:
   const std::byte* bytes() const { return reinterpret_cast<const std::byte*>(storage_.data()); }
   std::byte* block(int32_t id) { return bytes() + id * block_bytes(); }
   const std::byte* block(int32_t id) const { return bytes() + id * block_bytes(); }
-  // The storage as floats: float32 pools only (an Error otherwise).
-  float* data();
-  const float* data() const;
 
 private:
   int64_t block_bytes() const { return format_.row_bytes() * block_rows_; }

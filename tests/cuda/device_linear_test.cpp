@@ -328,6 +328,67 @@ TEST(CudaLinearTest, SwigluInsideTheDownProjectionEqualsTheTwoLaunches) {
       << "64 tokens run as a GEMM where cuBLASLt is usable";
 }
 
+// --dtype bfloat16: every path of a bf16 matrix (the CUDA-core GEMV at a width the tensor cores do not take, the
+// tensor-core GEMV alone, grouped and with the SwiGLU inside, the cuBLASLt GEMM) takes x rounded to bf16, as the
+// CPU backend does; the float32 product differs from it by x's rounding (about 1e-3 here), far above the bound.
+TEST(CudaLinearTest, Bf16InputsAreRoundedOnEveryPath) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  Gemm gemm;
+  CpuBackend cpu;
+  cpu.set_product_input(ProductInput::bf16);
+  const auto cpu_rounded = [&](const LinearWeight& weight, const std::vector<float>& x, int64_t tokens) {
+    std::vector<float> y(static_cast<size_t>(tokens * weight.out_features));
+    cpu.linear(x.data(), tokens, weight, y.data());
+    return y;
+  };
+  Scratch scratch;
+  for (const int64_t in : {100, 512, 4096}) {
+    const int64_t outs[] = {1000, 77};
+    std::vector<std::vector<uint16_t>> bf16;
+    std::vector<LinearWeight> weights;
+    std::vector<DeviceLinear> linears;
+    for (const int64_t out : outs) {
+      const std::vector<float> w = random_values(static_cast<size_t>(out * in), static_cast<uint32_t>(out + in));
+      bf16.emplace_back(w.size());
+      for (size_t i = 0; i < w.size(); ++i) bf16.back()[i] = f32_to_bf16(w[i]);
+      weights.push_back(LinearWeight{.name = "bf16", .dtype = DType::bf16, .out_features = out, .in_features = in,
+                                     .data = reinterpret_cast<const std::byte*>(bf16.back().data())});
+    }
+    for (const LinearWeight& weight : weights) {
+      linears.push_back(DeviceLinear::upload(weight, device_info(0).sm_count, ProductInput::bf16));
+    }
+    const std::vector<const DeviceLinear*> placed = {&linears[0], &linears[1]};
+    for (const int64_t tokens : {1, 5, 17, 40}) {
+      SCOPED_TRACE(::testing::Message() << "in " << in << ", " << tokens << " tokens");
+      const std::vector<float> x = random_values(static_cast<size_t>(tokens * in), 12);
+      const std::vector<float> up = random_values(x.size(), 13);
+      const DeviceBuffer x_dev = testing::to_device(x), up_dev = testing::to_device(up);
+      DeviceBuffer alone(static_cast<size_t>(tokens * outs[0]) * sizeof(float));
+      linears[0].forward(x_dev.as<float>(), tokens, alone.as<float>(), scratch, &gemm, nullptr);
+      const std::vector<float> expected = cpu_rounded(weights[0], x, tokens);
+      EXPECT_LT(relative_difference(testing::to_host(alone), expected), kDenseTolerance);
+      EXPECT_GT(relative_difference(cpu_linear(weights[0], x, tokens), expected), 30 * kDenseTolerance);
+      std::vector<DeviceBuffer> ys;
+      ys.emplace_back(static_cast<size_t>(tokens * outs[0]) * sizeof(float));
+      ys.emplace_back(static_cast<size_t>(tokens * outs[1]) * sizeof(float));
+      float* const y_ptrs[] = {ys[0].as<float>(), ys[1].as<float>()};
+      DeviceLinear::forward_shared_input(placed, x_dev.as<float>(), tokens, y_ptrs, scratch, &gemm, nullptr);
+      for (size_t m = 0; m < 2; ++m) {
+        EXPECT_LT(relative_difference(testing::to_host(ys[m]), cpu_rounded(weights[m], x, tokens)), kDenseTolerance)
+            << "shared input, matrix " << m;
+      }
+      if (linears[0].forward_swiglu(x_dev.as<float>(), up_dev.as<float>(), 7.0f, tokens, alone.as<float>(), scratch,
+                                    &gemm, nullptr)) {  // the activation rounded, as its launch then the GEMV do
+        DeviceBuffer hidden(x.size() * sizeof(float)), unfused(alone.size());
+        check(clamped_swiglu(x_dev.as<float>(), up_dev.as<float>(), tokens * in, 7.0f, hidden.as<float>(), nullptr),
+              "clamped_swiglu");
+        linears[0].forward(hidden.as<float>(), tokens, unfused.as<float>(), scratch, &gemm, nullptr);
+        EXPECT_EQ(testing::to_host(alone), testing::to_host(unfused)) << "SwiGLU inside";
+      }
+    }
+  }
+}
+
 TEST(CudaLinearTest, DenseMatchesCpuForEachWeightType) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   // in = 512 and 4096 take the 16-byte vector loads for f32/f16 (4096: every unrolled load in use) and the

@@ -72,8 +72,8 @@ void append_rows(PagedRows& rows, const std::vector<float>& values) {
   for (size_t i = 0; i < values.size(); i += width) std::copy_n(&values[i], width, rows.append());
 }
 
-// The blocks of `pool` that `table` names, at the same ids in one device pool (vLLM's layout); other ids hold NaN, so
-// a read through a wrong block id shows.
+// The blocks of `pool` that `table` names, at the same ids in one device pool (vLLM's layout); other ids hold bytes
+// 0xFF (NaN in float32, bf16 and e4m3), so a read through a wrong block id shows.
 struct DeviceRows {
   DeviceBuffer pool, block_ids;
   DevicePagedRows view;
@@ -81,15 +81,15 @@ struct DeviceRows {
 
 DeviceRows to_device_rows(RowBlockPool& pool, const BlockTable& table, int64_t num_rows) {
   const std::vector<int32_t>& ids = table.ids();
-  const int64_t block_floats = pool.block_rows() * pool.row_width();
+  const int64_t block_bytes = pool.block_rows() * pool.format().row_bytes();
   const int64_t max_id = *std::max_element(ids.begin(), ids.end());
-  std::vector<float> host(static_cast<size_t>((max_id + 1) * block_floats), std::numeric_limits<float>::quiet_NaN());
+  std::vector<unsigned char> host(static_cast<size_t>((max_id + 1) * block_bytes), 0xFF);
   for (const int32_t id : ids) {
-    std::copy_n(pool.data() + id * block_floats, block_floats, host.begin() + id * block_floats);
+    std::memcpy(host.data() + id * block_bytes, pool.block(id), static_cast<size_t>(block_bytes));
   }
   DeviceRows rows{.pool = to_device(host), .block_ids = to_device(ids), .view = {}};
-  rows.view = DevicePagedRows{.pool = rows.pool.as<float>(), .block_ids = rows.block_ids.as<int32_t>(),
-                              .block_rows = pool.block_rows(), .row_width = pool.row_width(), .num_rows = num_rows};
+  rows.view = device_paged_rows(rows.pool.as<unsigned char>(), rows.block_ids.as<int32_t>(), pool.block_rows(),
+                                num_rows, pool.format());
   return rows;
 }
 
@@ -156,6 +156,51 @@ TEST(CudaDsaTest, PagedRowsAreWrittenThroughTheBlockTable) {
   }
   EXPECT_GT(untouched, 0);
   EXPECT_EQ(write_paged_rows(device.view, kFirst, src_dev.as<float>(), kCount + 1, nullptr), cudaErrorInvalidValue);
+}
+
+// bf16 and fp8 latent rows (--kv-cache-dtype) written on the GPU are the bytes the CPU's encode_row makes, to the bit:
+// values and, for fp8, each group's scale (widths of 512 and of 300: groups of 128, 128 and 44), on a scattered table
+// whose other blocks stay untouched.
+TEST(CudaDsaTest, CodedRowsAreTheCpusEncoding) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  constexpr int64_t kFirst = 5, kCount = 70;
+  for (const CacheDtype dtype : {CacheDtype::bf16, CacheDtype::fp8_e4m3}) {
+    for (const int64_t width : {int64_t{512}, int64_t{300}}) {
+      const RowFormat format{.dtype = dtype, .width = width};
+      ScatteredTable seq(blocks_for(kFirst + kCount));
+      RowBlockPool pool(host(), format, kBlockTokens);
+      PagedRows rows(pool, seq.table());
+      rows.append_rows(kFirst + kCount);
+      DeviceRows device = to_device_rows(pool, seq.table(), kFirst + kCount);
+      std::vector<float> src = random_values(static_cast<size_t>(kCount * width), 33);
+      for (size_t i = 0; i < src.size(); i += 7) src[i] *= 300.0f;  // values far apart within a group
+      const DeviceBuffer src_dev = to_device(src);
+      check(write_paged_rows(device.view, kFirst, src_dev.as<float>(), kCount, nullptr), "write_paged_rows");
+      const std::vector<unsigned char> after = to_host<unsigned char>(device.pool);
+      const int64_t row_bytes = format.row_bytes(), block_bytes = kBlockTokens * row_bytes;
+      const int64_t value_bytes = dtype == CacheDtype::bf16 ? 2 * width : width;
+      std::vector<std::byte> want(static_cast<size_t>(row_bytes));
+      for (int64_t r = 0; r < kCount; ++r) {
+        const int64_t position = kFirst + r;
+        const int64_t id = seq.table().ids()[static_cast<size_t>(position / kBlockTokens)];
+        const unsigned char* got = after.data() + id * block_bytes + position % kBlockTokens * row_bytes;
+        encode_row(format, &src[static_cast<size_t>(r * width)], want.data());
+        ASSERT_EQ(std::memcmp(got, want.data(), static_cast<size_t>(value_bytes)), 0)
+            << cache_dtype_name(dtype) << " width " << width << " row " << position;
+        if (dtype == CacheDtype::fp8_e4m3) {
+          ASSERT_EQ(std::memcmp(got + format.scale_offset(), want.data() + format.scale_offset(),
+                                static_cast<size_t>(4 * format.num_scales())),
+                    0)
+              << "scales of row " << position;
+        }
+      }
+      for (size_t b = 0; b * static_cast<size_t>(block_bytes) < after.size(); ++b) {
+        const auto& ids = seq.table().ids();
+        if (std::find(ids.begin(), ids.end(), static_cast<int32_t>(b)) != ids.end()) continue;
+        EXPECT_EQ(after[b * static_cast<size_t>(block_bytes)], 0xFF) << "block " << b;
+      }
+    }
+  }
 }
 
 struct IndexerShape {
@@ -281,7 +326,8 @@ struct AttentionCall {
   std::vector<float> expected;
 };
 
-AttentionCall attention_call(CpuBackend& cpu, const MlaShape& shape, const Step& step, uint32_t& seed) {
+AttentionCall attention_call(CpuBackend& cpu, const MlaShape& shape, const Step& step, uint32_t& seed,
+                             CacheDtype latent_dtype = CacheDtype::float32) {
   const int64_t H = shape.heads, qk = shape.qk_head_dim, vd = shape.v_head_dim, rank = shape.kv_lora_rank;
   const std::vector<float> kv_b_values = random_values(static_cast<size_t>(H * (qk + vd) * rank), ++seed, 0.05f);
   std::vector<uint16_t> kv_b_bf16(kv_b_values.size());
@@ -292,9 +338,11 @@ AttentionCall attention_call(CpuBackend& cpu, const MlaShape& shape, const Step&
                           .in_features = rank, .data = static_cast<const std::byte*>(kv_b_data)};
   const int64_t T = step.num_tokens, tokens = step.start + T, pools = tokens / kKpool;
   ScatteredTable seq(blocks_for(tokens));
-  RowBlockPool latent_pool(host(), rank, kBlockTokens), pooled_pool(host(), kNanoIndexer.head_dim, kBlockTokens / kKpool);
+  RowBlockPool latent_pool(host(), RowFormat{.dtype = latent_dtype, .width = rank}, kBlockTokens);
+  RowBlockPool pooled_pool(host(), kNanoIndexer.head_dim, kBlockTokens / kKpool);
   PagedRows latents(latent_pool, seq.table()), pooled(pooled_pool, seq.table());
-  append_rows(latents, random_values(static_cast<size_t>(tokens * rank), ++seed));
+  const std::vector<float> latent_values = random_values(static_cast<size_t>(tokens * rank), ++seed);
+  cpu.write_rows(latents, latents.append_rows(tokens), latent_values.data(), tokens);
   append_rows(pooled, random_values(static_cast<size_t>(pools * kNanoIndexer.head_dim), ++seed));
   const std::vector<float> index_query =
       random_values(static_cast<size_t>(T * kNanoIndexer.heads * kNanoIndexer.head_dim), ++seed);
@@ -356,6 +404,42 @@ TEST(CudaDsaTest, SparseMlaAttentionMatchesCpu) {
   }
 }
 
+// Latents cached in bf16 and fp8 (--kv-cache-dtype): each attention kernel decodes the rows as the CPU does, so it
+// matches the CPU's attention over the same rows as closely as over float32 ones: the heads kernel split (a decode
+// step deep in a 6000-token context) and unsplit (16 tokens), the per-pair kernel (rank 96), and the tensor cores
+// (a 300-token prefill chunk at GLM-5.3-Flash's shape).
+TEST(CudaDsaTest, CodedLatentsAttendAsOnTheCpu) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  Gemm gemm;
+  CpuBackend cpu;
+  uint32_t seed = 270;
+  for (const CacheDtype dtype : {CacheDtype::bf16, CacheDtype::fp8_e4m3}) {
+    for (const MlaShape shape : {MlaShape{4, 64, 64, 128, DType::bf16}, MlaShape{64, 256, 256, 512, DType::f32},
+                                 MlaShape{3, 32, 32, 96, DType::f32}}) {
+      for (const Step step : {Step{5997, 3}, Step{100, 16}}) {
+        AttentionCall call = attention_call(cpu, shape, step, seed, dtype);
+        const int64_t scratch_floats = sparse_mla_scratch_floats(step.num_tokens, shape.heads,
+                                                                 call.args.positions_stride, shape.kv_lora_rank);
+        DeviceBuffer scratch(static_cast<size_t>(std::max<int64_t>(scratch_floats, 1)) * sizeof(float));
+        call.args.scratch = scratch.as<float>();
+        check(sparse_mla_attention(call.args, nullptr), "sparse_mla_attention");
+        EXPECT_LT(relative_difference(to_host<float>(call.out), call.expected), kAttentionTolerance)
+            << cache_dtype_name(dtype) << " heads " << shape.heads << " rank " << shape.kv_lora_rank << " start "
+            << step.start;
+      }
+    }
+    if (!gemm.available()) continue;
+    const MlaShape model{64, 256, 256, 512, DType::bf16};
+    const AttentionCall call = attention_call(cpu, model, Step{5600, 300}, seed, dtype);
+    DeviceBuffer scratch(sparse_mla_prefill_scratch_bytes(128, model.heads, model.qk_head_dim, model.kv_lora_rank));
+    sparse_mla_prefill(call.args, call.weights, gemm, scratch.data(), 128, nullptr);
+    const double difference = relative_difference(to_host<float>(call.out), call.expected);
+    std::printf("tensor-core prefill over %s latents: %.3g\n", std::string(cache_dtype_name(dtype)).c_str(),
+                difference);
+    EXPECT_LT(difference, kMmaAttentionTolerance) << cache_dtype_name(dtype);
+  }
+}
+
 // Prefill-sized calls on the tensor cores (mla_prefill.h): fp16 q̂, latents, probabilities and ô against the float32
 // CPU, in groups of 128 tokens (so a 300-token call runs as 128, 128 and 44), at GLM-5.3-Flash's shape with a bf16
 // kv_b, the nano model's, and 5 heads at rank 64 (one block's 64 rows mostly empty); a chunk deep in a 5900-token
@@ -387,7 +471,8 @@ TEST(CudaDsaTest, TensorCorePrefillMatchesCpu) {
 
 // A decode step's attention as one pass (CudaBackend::sparse_mla_attention_steps: each token reads its own
 // sequence's block table in a pool the sequences share, their blocks interleaved) against the CPU's attention of
-// each sequence on its own, at GLM-5.3-Flash's shape, for 3 sequences and for 70 (two launches).
+// each sequence on its own, at GLM-5.3-Flash's shape, for 3 sequences and for 70 (two launches); the latents float32,
+// and bf16 and fp8 (written through CudaBackend::write_rows and the CPU's, each encoding its own copy).
 TEST(CudaDsaTest, AttentionStepMatchesEachSequenceOnItsOwn) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   constexpr int64_t H = 64, qk = 256, vd = 256, rank = 512;
@@ -398,9 +483,12 @@ TEST(CudaDsaTest, AttentionStepMatchesEachSequenceOnItsOwn) {
   LinearWeight placed = kv_b;
   gpu.place_attention_kv_b(placed, H, qk, vd);
   uint32_t seed = 91;
-  for (const int64_t S : {int64_t{3}, int64_t{70}}) {
+  const std::vector<std::pair<CacheDtype, int64_t>> cases = {
+      {CacheDtype::float32, 3}, {CacheDtype::float32, 70}, {CacheDtype::bf16, 70}, {CacheDtype::fp8_e4m3, 70}};
+  for (const auto& [dtype, S] : cases) {
     GrowingBlockSource cpu_source, gpu_source;
-    RowBlockPool cpu_pool(host(), rank, kBlockTokens), gpu_pool(gpu, rank, kBlockTokens);
+    const RowFormat format{.dtype = dtype, .width = rank};
+    RowBlockPool cpu_pool(host(), format, kBlockTokens), gpu_pool(gpu, format, kBlockTokens);
     std::vector<std::unique_ptr<BlockTable>> cpu_tables, gpu_tables;
     std::vector<std::unique_ptr<PagedRows>> cpu_rows, gpu_rows;
     std::vector<int64_t> lengths;
@@ -411,15 +499,29 @@ TEST(CudaDsaTest, AttentionStepMatchesEachSequenceOnItsOwn) {
       cpu_rows.push_back(std::make_unique<PagedRows>(cpu_pool, *cpu_tables.back()));
       gpu_rows.push_back(std::make_unique<PagedRows>(gpu_pool, *gpu_tables.back()));
     }
-    // Rows appended round-robin, so that each sequence's blocks lie between the others'.
+    // Rows appended round-robin, so that each sequence's blocks lie between the others', then each sequence's
+    // written in one call (encoded there for bf16 and fp8).
     const int64_t longest = *std::max_element(lengths.begin(), lengths.end());
     for (int64_t r = 0; r < longest; ++r) {
       for (int64_t s = 0; s < S; ++s) {
         if (r >= lengths[static_cast<size_t>(s)]) continue;
-        const std::vector<float> row = random_values(static_cast<size_t>(rank), ++seed);
-        std::copy(row.begin(), row.end(), cpu_rows[static_cast<size_t>(s)]->append());
-        gpu.copy_to_backend(gpu_rows[static_cast<size_t>(s)]->append(), row.data(), row.size() * sizeof(float));
+        cpu_rows[static_cast<size_t>(s)]->append_rows(1);
+        gpu_rows[static_cast<size_t>(s)]->append_rows(1);
       }
+    }
+    // The rows uploaded first: a cudaMemcpy from pageable memory may return before its DMA lands, and the writes
+    // run on the backend's own stream, which does not wait for the legacy one.
+    std::vector<DeviceBuffer> uploaded;  // alive until the writes have run
+    for (int64_t s = 0; s < S; ++s) {
+      const int64_t length = lengths[static_cast<size_t>(s)];
+      const std::vector<float> values = random_values(static_cast<size_t>(length * rank), ++seed);
+      host().write_rows(*cpu_rows[static_cast<size_t>(s)], 0, values.data(), length);
+      uploaded.push_back(to_device(values));
+    }
+    check(cudaDeviceSynchronize(), "uploads");
+    for (int64_t s = 0; s < S; ++s) {
+      gpu.write_rows(*gpu_rows[static_cast<size_t>(s)], 0, uploaded[static_cast<size_t>(s)].as<float>(),
+                     lengths[static_cast<size_t>(s)]);
     }
     // Each token attends to every second position of its sequence, then its last.
     const int64_t stride = longest;
@@ -455,7 +557,8 @@ TEST(CudaDsaTest, AttentionStepMatchesEachSequenceOnItsOwn) {
     gpu_args.kv_b = &placed;
     gpu.sparse_mla_attention_steps(gpu_args, gpu_latents);
     gpu.synchronize();
-    EXPECT_LT(relative_difference(to_host<float>(out), expected), kAttentionTolerance) << "sequences " << S;
+    EXPECT_LT(relative_difference(to_host<float>(out), expected), kAttentionTolerance)
+        << cache_dtype_name(dtype) << " sequences " << S;
   }
 }
 
@@ -463,7 +566,7 @@ TEST(CudaDsaTest, BadShapesAreRefused) {
   // Checked before any CUDA call: with or without a GPU.
   EXPECT_EQ(indexer_max_positions(512, 4), 2051);
   EXPECT_EQ(indexer_scratch_floats(7, 3000), 21000);
-  const DevicePagedRows empty{.block_rows = 16, .row_width = 128};
+  const DevicePagedRows empty{.block_rows = 16, .row_width = 128, .row_bytes = 512};
   EXPECT_EQ(kpool_compress(empty, empty, nullptr, 0, 1, 4, nullptr, nullptr), cudaErrorInvalidValue);  // uncached
   IndexerDeviceArgs indexer{.num_tokens = 1, .start = 0, .num_heads = 32, .head_dim = 64, .kpool = 4,
                             .topk_pools = 512, .pooled_keys = empty};
@@ -473,13 +576,27 @@ TEST(CudaDsaTest, BadShapesAreRefused) {
   EXPECT_EQ(indexer_select(indexer, nullptr), cudaErrorInvalidValue);
   const DevicePagedRows three_pools{.pool = reinterpret_cast<const float*>(16),
                                     .block_ids = reinterpret_cast<const int32_t*>(16), .block_rows = 16,
-                                    .row_width = 128, .num_rows = 3};  // never read: refused before any launch
+                                    .row_width = 128, .num_rows = 3, .row_bytes = 512};  // refused before any launch
   indexer = IndexerDeviceArgs{.num_tokens = 2, .start = 12, .num_heads = 32, .head_dim = 128, .kpool = 4,
                               .topk_pools = 512, .pooled_keys = three_pools, .scratch_floats = 2};
   EXPECT_EQ(indexer_select(indexer, nullptr), cudaErrorInvalidValue);  // not even one token's 3 scores fit
   const SparseMlaDeviceArgs mla{.num_tokens = 1, .num_heads = 64, .qk_head_dim = 256, .v_head_dim = 256,
                                 .kv_lora_rank = 512, .latents = empty};
   EXPECT_EQ(sparse_mla_attention(mla, nullptr), cudaErrorInvalidValue);  // latents 128 wide, rank 512
+  // fp8 latents whose row size or scale offset is not their RowFormat's; the indexer's keys in fp8.
+  const RowFormat fp8{.dtype = CacheDtype::fp8_e4m3, .width = 512};
+  DevicePagedRows fp8_rows = device_paged_rows(three_pools.pool, three_pools.block_ids, 16, 3, fp8);
+  SparseMlaDeviceArgs coded = mla;
+  coded.latents = fp8_rows;
+  coded.latents.row_bytes = 512;
+  EXPECT_EQ(sparse_mla_attention(coded, nullptr), cudaErrorInvalidValue);
+  coded.latents = fp8_rows;
+  coded.latents.scale_offset = 508;
+  EXPECT_EQ(sparse_mla_attention(coded, nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(write_paged_rows(coded.latents, 0, nullptr, 1, nullptr), cudaErrorInvalidValue);
+  const DevicePagedRows fp8_keys = device_paged_rows(three_pools.pool, three_pools.block_ids, 16, 3,
+                                                     RowFormat{.dtype = CacheDtype::fp8_e4m3, .width = 128});
+  EXPECT_EQ(kpool_compress(fp8_keys, fp8_keys, nullptr, 0, 0, 4, nullptr, nullptr), cudaErrorInvalidValue);
   EXPECT_EQ(sparse_mla_splits(1, 64, 2051), 33);   // a decode step: 4 blocks of 16 heads, one part per 64 positions
   EXPECT_EQ(sparse_mla_splits(16, 64, 2051), 4);   // 64 blocks of 16 heads a part
   EXPECT_EQ(sparse_mla_splits(2048, 64, 2051), 1);
@@ -487,23 +604,6 @@ TEST(CudaDsaTest, BadShapesAreRefused) {
   const LinearWeight kv_b{.name = "kv_b", .dtype = DType::f32, .out_features = 10, .in_features = 4,
                           .data = reinterpret_cast<const std::byte*>(&mla)};
   EXPECT_THROW(DeviceMlaWeights::upload(kv_b, 2, 3, 3), Error);  // 10 rows, not 2 x (3 + 3)
-}
-
-// --kv-cache-dtype bfloat16 or fp8 on the GPU: the kernels read float32 rows only so far, so a pool of another
-// format is refused when made, with an Error naming the flag, not read as floats.
-TEST(CudaDsaTest, RowFormatsOtherThanFloat32AreRefused) {
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  CudaBackend gpu(0);
-  for (const CacheDtype dtype : {CacheDtype::bf16, CacheDtype::fp8_e4m3}) {
-    try {
-      RowBlockPool pool(gpu, RowFormat{.dtype = dtype, .width = 512}, 16, 4);
-      ADD_FAILURE() << "a " << cache_dtype_name(dtype) << " pool was made";
-    } catch (const Error& error) {
-      EXPECT_NE(std::string(error.what()).find("--kv-cache-dtype"), std::string::npos) << error.what();
-    }
-  }
-  RowBlockPool float_pool(gpu, RowFormat{.width = 512}, 16, 4);
-  EXPECT_EQ(float_pool.capacity_blocks(), 4);
 }
 
 }  // namespace

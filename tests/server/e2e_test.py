@@ -278,8 +278,15 @@ class E2E(unittest.TestCase):
         cached = second.usage.prompt_tokens_details.cached_tokens
         self.assertGreaterEqual(cached, 32)
         self.assertLess(cached, second.usage.prompt_tokens)
-        status, _, body = self.server.request("GET", "/metrics")
-        hits = [line for line in body.decode().splitlines() if line.startswith("vllm:prefix_cache_hits_total")]
+        # The engine publishes its counters when the step that emitted the last token ends, a moment after the
+        # response can reach us; wait for it rather than race it.
+        deadline = time.monotonic() + 10
+        while True:
+            status, _, body = self.server.request("GET", "/metrics")
+            hits = [line for line in body.decode().splitlines() if line.startswith("vllm:prefix_cache_hits_total")]
+            if float(hits[0].split()[-1]) >= cached or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
         self.assertGreaterEqual(float(hits[0].split()[-1]), cached)
 
     # -- errors and auth -------------------------------------------------------------------------------------------
@@ -342,11 +349,12 @@ class EnvApiKey(unittest.TestCase):
 
 
 class Fp8KvCache(unittest.TestCase):
-    """`--kv-cache-dtype fp8` (as the seed deployment runs): the engine keeps the latents in e4m3 rows, the server
-    answers, and the same prompt again (its prefix now read back from the fp8 rows) gives the same greedy text."""
+    """`--kv-cache-dtype fp8` (as the seed deployment runs) with `--dtype bfloat16`: the engine keeps the latents in
+    e4m3 rows and rounds the bf16 matrices' inputs, the server answers, and the same prompt again (its prefix now read
+    back from the fp8 rows) gives the same greedy text."""
 
     def test_fp8_latents_serve_and_repeat(self):
-        server = Server("--kv-cache-dtype", "fp8")
+        server = Server("--kv-cache-dtype", "fp8", "--dtype", "bfloat16")
         try:
             body = {"model": MODEL_NAME, "prompt": "fp8 cache rows " * 8, "max_tokens": 12, "temperature": 0}
             answers = []
@@ -357,6 +365,7 @@ class Fp8KvCache(unittest.TestCase):
             self.assertTrue(answers[0])
             self.assertEqual(answers[0], answers[1])
             self.assertTrue(any("latents in fp8_e4m3" in line for line in server.stderr_lines), server.stderr_lines)
+            self.assertTrue(any("take bfloat16 inputs" in line for line in server.stderr_lines), server.stderr_lines)
         finally:
             check_clean_exit(self, server)
 
@@ -371,6 +380,7 @@ class Cli(unittest.TestCase):
         from serve_fixture import MODEL
         for args, needle in [((), "--model"), (("--model", MODEL, "--no-such-flag"), "no-such-flag"),
                              (("--model", MODEL, "--kv-cache-dtype", "fp8_e5m2"), "kv-cache-dtype fp8_e5m2"),
+                             (("--model", MODEL, "--dtype", "float16"), "--dtype float16"),
                              (("--model", MODEL, "--tool-call-parser", "hermes"), "tool-call-parser"),
                              (("--model", MODEL, "--port", "70000"), "port"),
                              (("--model", "/nonexistent/model"), "nonexistent")]:

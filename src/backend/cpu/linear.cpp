@@ -8,6 +8,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/exl3_linear.h"
+#include "base/numeric.h"
 #include "base/thread_pool.h"
 
 namespace kestrel {
@@ -34,6 +35,12 @@ void CpuBackend::linear(const float* x, int64_t num_tokens, const LinearWeight& 
     return;
   }
   const int64_t in = weight.in_features, out = weight.out_features;
+  std::vector<float> rounded;  // x rounded to bf16, for a bf16 matrix under --dtype bfloat16
+  if (weight.dtype == DType::bf16 && product_input() == ProductInput::bf16) {
+    rounded.resize(static_cast<size_t>(num_tokens * in));
+    for (size_t i = 0; i < rounded.size(); ++i) rounded[i] = bf16_to_f32(f32_to_bf16(x[i]));
+    x = rounded.data();
+  }
   // safetensors does not promise aligned data; unaligned float32 rows are copied like any other format.
   const bool direct_f32 = weight.dtype == DType::f32 && reinterpret_cast<uintptr_t>(weight.data) % alignof(float) == 0;
   ThreadPool::global().parallel_for(

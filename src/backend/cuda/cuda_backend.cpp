@@ -55,11 +55,8 @@ constexpr int64_t kFusedSiteMaxTokens = 16;
 constexpr int64_t kIndexerScratchFloats = int64_t{64} << 20;  // 256 MiB
 
 DevicePagedRows device_rows(const PagedRows& rows) {
-  return DevicePagedRows{.pool = rows.pool().data(),
-                         .block_ids = rows.table().backend_ids(),
-                         .block_rows = rows.pool().block_rows(),
-                         .row_width = rows.row_width(),
-                         .num_rows = rows.size()};
+  return device_paged_rows(rows.pool().bytes(), rows.table().backend_ids(), rows.pool().block_rows(), rows.size(),
+                           rows.format());
 }
 
 // Whether every expert matrix is EXL3 and each projection has one shape, bitrate and codebook: what DeviceExperts
@@ -181,7 +178,7 @@ void CudaBackend::place(LinearWeight& weight) {
     weight.placed = std::move(shared);
     return;
   }
-  auto placed = std::make_shared<const PlacedLinear>(DeviceLinear::upload(weight, device_.sm_count));
+  auto placed = std::make_shared<const PlacedLinear>(DeviceLinear::upload(weight, device_.sm_count, product_input()));
   placed_bytes_ += placed->linear.weight_bytes();
   known = placed;
   weight.placed = std::move(placed);
@@ -209,7 +206,7 @@ std::shared_ptr<const PlacedWeight> CudaBackend::place_experts(const std::vector
   } else {
     for (const ExpertWeights& expert : experts) {
       for (const LinearWeight* matrix : {&expert.gate, &expert.up, &expert.down}) {
-        placed->linears.push_back(DeviceLinear::upload(*matrix, device_.sm_count));
+        placed->linears.push_back(DeviceLinear::upload(*matrix, device_.sm_count, product_input()));
         placed_bytes_ += placed->linears.back().weight_bytes();
       }
     }
@@ -453,12 +450,6 @@ void CudaBackend::sparse_mla_attention_steps(const SparseMlaArgs& a, std::span<c
 
 void CudaBackend::write_rows(PagedRows& rows, int64_t first_row, const float* src, int64_t count) {
   check(cuda::write_paged_rows(device_rows(rows), first_row, src, count, stream_), "write_paged_rows launch");
-}
-
-void CudaBackend::check_cache_format(const RowFormat& format) const {
-  require(format.dtype == CacheDtype::float32,
-          "--kv-cache-dtype {}: the CUDA backend keeps its cache rows in float32 so far (use auto, or --device cpu)",
-          cache_dtype_name(format.dtype));
 }
 
 void CudaBackend::kpool_compress(const PagedRows& keys, const PagedRows& gates, const float* ape, int64_t first_pool,

@@ -76,8 +76,6 @@ public:
   void sparse_mla_attention(const SparseMlaArgs& args) override;
   void sparse_mla_attention_steps(const SparseMlaArgs& args, std::span<const PagedRows* const> latents) override;
   void write_rows(PagedRows& rows, int64_t first_row, const float* src, int64_t count) override;
-  // The kernels read float32 cache rows only, so far.
-  void check_cache_format(const RowFormat& format) const override;
   void kpool_compress(const PagedRows& keys, const PagedRows& gates, const float* ape, int64_t first_pool,
                       int64_t num_pools, int64_t kpool, float* pooled) override;
   void route_experts(const RouterArgs& args) override;

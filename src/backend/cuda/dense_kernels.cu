@@ -53,6 +53,12 @@ int64_t split_count(DenseWeightType type, int64_t out_features, int64_t in_featu
 // Warp w of block b streams rows (8b + w) * kRows + [0, kRows): lane l reads their 16-byte vectors l, l + 32, ...
 // (kVector weights each), kUnroll per row loaded before any is used, so a warp's loads are coalesced 512-byte runs with
 // several in flight; rows whose length is not a multiple of kVector (or not 16-byte aligned) take the scalar loop.
+// v rounded to bf16 (nearest even) and back: a product's input under ProductInput::bf16.
+__device__ __forceinline__ float4 bf16_rounded(float4 v) {
+  return make_float4(__bfloat162float(__float2bfloat16_rn(v.x)), __bfloat162float(__float2bfloat16_rn(v.y)),
+                     __bfloat162float(__float2bfloat16_rn(v.z)), __bfloat162float(__float2bfloat16_rn(v.w)));
+}
+
 // Several rows per warp (for more than one token) let each load of x serve them all: x, read from L1 once per row and
 // token, is otherwise the bottleneck at 4 to 8 tokens. With block scales, each weight is multiplied by its block's
 // scale before the dot product (a vector lies in one block). Token and row counts are template parameters so that the
@@ -63,7 +69,7 @@ int64_t split_count(DenseWeightType type, int64_t out_features, int64_t in_featu
 template <typename W, int kTokens, int kRows>
 __global__ void __launch_bounds__(32 * kWarpsPerBlock)
     dense_gemv(const W* weight, int64_t out_features, int64_t in_features, const float* x, float* y,
-               BlockScales scales, int64_t split_vectors, float* partial) {
+               BlockScales scales, int64_t split_vectors, float* partial, bool round_x) {
   constexpr int kVector = 16 / sizeof(W);
   constexpr bool kScaled = std::is_same_v<W, __nv_fp8_e4m3>;
   constexpr int kLoads = kRows == 1 ? kUnroll : kUnroll / 2;  // registers: kRows * kLoads vectors in flight
@@ -122,7 +128,7 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
           const float4* xv = reinterpret_cast<const float4*>(x + t * in_features + v * kVector);
           float4 xq[kVector / 4];
 #pragma unroll
-          for (int q = 0; q < kVector / 4; ++q) xq[q] = xv[q];
+          for (int q = 0; q < kVector / 4; ++q) xq[q] = round_x ? bf16_rounded(xv[q]) : xv[q];
 #pragma unroll
           for (int r = 0; r < kRows; ++r) {
             float sum = 0.0f;
@@ -142,7 +148,10 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
       for (int r = 0; r < kRows; ++r) {
         const float wi = valid[r] ? weight_at(w[r][i], r, i) : 0.0f;
 #pragma unroll
-        for (int t = 0; t < kTokens; ++t) acc[r][t] += wi * x[t * in_features + i];
+        for (int t = 0; t < kTokens; ++t) {
+          const float xi = x[t * in_features + i];
+          acc[r][t] += wi * (round_x ? __bfloat162float(__float2bfloat16_rn(xi)) : xi);
+        }
       }
     }
   }
@@ -160,8 +169,8 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
 
 // The bf16 path on the tensor cores (in_features a multiple of 32, 16-byte aligned rows and x): block b streams
 // rows [128b, 128b + 128), 16 per warp, as the mma A operand, and up to 16 tokens are the B operand (8 per mma). A
-// float32 input is split into three bf16 terms, x = hi + mid + lo exactly to float32's 24 bits, so the product is
-// the float32 one up to summation order: three mma per 16 k. k goes in stages of kMmaStageK: a stage's weights are
+// float32 input is split into Terms bf16 terms: three, x = hi + mid + lo exactly to float32's 24 bits, so the product
+// is the float32 one up to summation order (three mma per 16 k); or one, x rounded to bf16 (ProductInput::bf16). k goes in stages of kMmaStageK: a stage's weights are
 // requested first (16 k per lane per row pair and chunk: the warp reads 16 rows x 64 bytes per chunk), then the
 // block writes the stage's inputs into shared memory as three bf16 planes (zero for absent tokens) and every warp
 // multiplies. A 32-k chunk is permuted the same way in A and B: lane (g, t) holds k 8t..8t+7 of rows g and g + 8
@@ -172,7 +181,9 @@ constexpr int kMmaRowsPerBlock = 16 * kWarpsPerBlock;
 constexpr int kMmaTokensPerPass = 16;
 constexpr int kMmaPlaneRow = kMmaStageK + 32;  // bf16 per token row: rows 64 bytes apart mod 128, conflict-free
 
-size_t mma_shared_bytes(int groups) { return static_cast<size_t>(3 * 8 * groups * kMmaPlaneRow) * 2; }
+size_t mma_shared_bytes(int groups, int terms) {
+  return static_cast<size_t>(terms * 8 * groups * kMmaPlaneRow) * 2;
+}
 
 // The matrices of one launch (one, or several sharing the input): block x-index b runs matrix m for b in
 // [first_block[m], first_block[m + 1]); with k split, matrix m's sums are rows [first_row[m], first_row[m + 1]) of the
@@ -193,13 +204,13 @@ __device__ __forceinline__ int member_of(const int64_t (&first)[kMaxDenseGroup +
   return m;
 }
 
-template <int Groups>
+template <int Groups, int Terms>
 __global__ void __launch_bounds__(32 * kWarpsPerBlock)
     bf16_mma_gemv(const __grid_constant__ MmaGroup group, int64_t in_features, const float* x, int num_tokens,
                   int64_t split_k, float* partial, unsigned* counters, const float* up, float limit) {
   constexpr int kRows = 8 * Groups;  // token rows per plane
   extern __shared__ uint4 mma_planes[];
-  __nv_bfloat16* planes = reinterpret_cast<__nv_bfloat16*>(mma_planes);  // [3][kRows][kMmaPlaneRow]
+  __nv_bfloat16* planes = reinterpret_cast<__nv_bfloat16*>(mma_planes);  // [Terms][kRows][kMmaPlaneRow]
   const int warp = static_cast<int>(threadIdx.x / 32), lane = static_cast<int>(threadIdx.x & 31u);
   const int g = lane / 4, t = lane % 4;
   const int member = member_of(group.first_block, group.count, blockIdx.x);
@@ -246,7 +257,8 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
         }
       }
       float rest[4] = {v.x, v.y, v.z, v.w};
-      for (int term = 0; term < 3; ++term) {
+#pragma unroll
+      for (int term = 0; term < Terms; ++term) {
         __nv_bfloat16 b[4];
         for (int j = 0; j < 4; ++j) {
           b[j] = __float2bfloat16_rn(rest[j]);
@@ -262,7 +274,7 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
 #pragma unroll
       for (int token_group = 0; token_group < Groups; ++token_group) {
 #pragma unroll
-        for (int term = 0; term < 3; ++term) {
+        for (int term = 0; term < Terms; ++term) {
           const uint4 b = *reinterpret_cast<const uint4*>(
               planes + (term * kRows + 8 * token_group + g) * kMmaPlaneRow + 32 * c + 8 * t);
           mma_16x8x16<MmaInput::bf16>(acc[token_group], a[c][0].x, a[c][1].x, a[c][0].y, a[c][1].y, b.x, b.y);
@@ -337,21 +349,22 @@ __global__ void __launch_bounds__(256) sum_splits(const float* partial, int64_t 
 
 template <typename W, int kTokens>
 void launch_pass(dim3 grid, const void* weight, int64_t out_features, int64_t in_features, const float* x, float* y,
-                 const BlockScales& scales, int64_t split_vectors, float* partial, cudaStream_t stream) {
+                 const BlockScales& scales, int64_t split_vectors, float* partial, bool round_x, cudaStream_t stream) {
   static_cast<void>(launch_dependent(dense_gemv<W, kTokens, rows_per_warp(kTokens)>, grid, dim3(32 * kWarpsPerBlock), 0,
                                      stream, static_cast<const W*>(weight), out_features, in_features, x, y, scales,
-                                     split_vectors, partial));
+                                     split_vectors, partial, round_x));
 }
 
 template <typename W>
 void launch(DenseWeightType type, const void* weight, int64_t out_features, int64_t in_features, const float* x,
-            int64_t num_tokens, float* y, const BlockScales& scales, float* scratch, cudaStream_t stream) {
+            int64_t num_tokens, float* y, const BlockScales& scales, float* scratch, bool round_x,
+            cudaStream_t stream) {
   constexpr int64_t kVector = 16 / sizeof(W);
   const bool vectorised = in_features % kVector == 0 &&
                           ((reinterpret_cast<uintptr_t>(weight) | reinterpret_cast<uintptr_t>(x)) & 15u) == 0;
   const int64_t vectors = in_features / kVector;
   using Pass = void (*)(dim3, const void*, int64_t, int64_t, const float*, float*, const BlockScales&, int64_t, float*,
-                        cudaStream_t);
+                        bool, cudaStream_t);
   static constexpr Pass kPasses[kTokensPerPass] = {launch_pass<W, 1>, launch_pass<W, 2>, launch_pass<W, 3>,
                                                    launch_pass<W, 4>, launch_pass<W, 5>, launch_pass<W, 6>,
                                                    launch_pass<W, 7>, launch_pass<W, 8>};
@@ -368,7 +381,7 @@ void launch(DenseWeightType type, const void* weight, int64_t out_features, int6
     const dim3 grid(static_cast<unsigned>((out_features + rows_per_block - 1) / rows_per_block),
                     static_cast<unsigned>(used_splits));
     kPasses[n - 1](grid, weight, out_features, in_features, x + t * in_features, y + t * out_features, scales,
-                   split_vectors, scratch, stream);
+                   split_vectors, scratch, round_x, stream);
     if (used_splits > 1) {
       const int64_t count = n * out_features;
       static_cast<void>(launch_dependent(sum_splits, dim3(static_cast<unsigned>((count + 255) / 256)), dim3(256), 0,
@@ -380,7 +393,7 @@ void launch(DenseWeightType type, const void* weight, int64_t out_features, int6
 // The tensor-core path for one matrix or a group sharing x: passes of up to 16 tokens (one or two mma token groups).
 // With `up`, x is the gate and the input the clamped SwiGLU of the two (limit).
 void launch_mma(const DenseGroupMember* members, int count, int64_t in_features, const float* x, int64_t num_tokens,
-                float* scratch, unsigned* counters, cudaStream_t stream, const float* up = nullptr,
+                float* scratch, unsigned* counters, ProductInput input, cudaStream_t stream, const float* up = nullptr,
                 float limit = 0.0f) {
   MmaGroup group{};
   group.count = count;
@@ -404,8 +417,11 @@ void launch_mma(const DenseGroupMember* members, int count, int64_t in_features,
     for (int m = 0; m < group.count; ++m) pass.y[m] = group.y[m] + t * group.out_features[m];
     // Dependent launches: each kernel's start overlaps the previous one's tail.
     const int token_groups = n > 8 ? 2 : 1;
-    static_cast<void>(launch_dependent(token_groups == 2 ? bf16_mma_gemv<2> : bf16_mma_gemv<1>, grid,
-                                       dim3(32 * kWarpsPerBlock), mma_shared_bytes(token_groups), stream, pass,
+    const int terms = input == ProductInput::bf16 ? 1 : 3;
+    const auto kernel = terms == 1 ? (token_groups == 2 ? bf16_mma_gemv<2, 1> : bf16_mma_gemv<1, 1>)
+                                   : (token_groups == 2 ? bf16_mma_gemv<2, 3> : bf16_mma_gemv<1, 3>);
+    static_cast<void>(launch_dependent(kernel, grid, dim3(32 * kWarpsPerBlock), mma_shared_bytes(token_groups, terms),
+                                       stream, pass,
                                        in_features, x + t * in_features, n, split_k, scratch, counters,
                                        up != nullptr ? up + t * in_features : nullptr, limit));
   }
@@ -483,14 +499,15 @@ bool bf16_group_supported(int64_t in_features, const float* x) {
 }
 
 cudaError_t bf16_linear_group(const DenseGroupMember* members, int count, int64_t in_features, const float* x,
-                              int64_t num_tokens, float* scratch, unsigned* counters, cudaStream_t stream) {
+                              int64_t num_tokens, float* scratch, unsigned* counters, cudaStream_t stream,
+                              ProductInput input) {
   if (count < 1 || count > kMaxDenseGroup || !bf16_group_supported(in_features, x)) return cudaErrorInvalidValue;
   for (int m = 0; m < count; ++m) {
     if ((reinterpret_cast<uintptr_t>(members[m].weight) & 15u) != 0 || members[m].out_features < 1) {
       return cudaErrorInvalidValue;
     }
   }
-  if (num_tokens > 0) launch_mma(members, count, in_features, x, num_tokens, scratch, counters, stream);
+  if (num_tokens > 0) launch_mma(members, count, in_features, x, num_tokens, scratch, counters, input, stream);
   return cudaGetLastError();
 }
 
@@ -501,16 +518,18 @@ bool bf16_swiglu_supported(int64_t in_features, const void* weight, const float*
 
 cudaError_t bf16_swiglu_linear(const void* weight, int64_t out_features, int64_t in_features, const float* gate,
                                const float* up, float limit, int64_t num_tokens, float* y, float* scratch,
-                               unsigned* counters, cudaStream_t stream) {
+                               unsigned* counters, cudaStream_t stream, ProductInput input) {
   if (out_features < 1 || !bf16_swiglu_supported(in_features, weight, gate, up)) return cudaErrorInvalidValue;
   const DenseGroupMember member{.weight = weight, .out_features = out_features, .y = y};
-  if (num_tokens > 0) launch_mma(&member, 1, in_features, gate, num_tokens, scratch, counters, stream, up, limit);
+  if (num_tokens > 0) {
+    launch_mma(&member, 1, in_features, gate, num_tokens, scratch, counters, input, stream, up, limit);
+  }
   return cudaGetLastError();
 }
 
 cudaError_t dense_linear(const void* weight, DenseWeightType type, int64_t out_features, int64_t in_features,
                          const float* x, int64_t num_tokens, float* y, cudaStream_t stream,
-                         const BlockScales& scales, float* scratch, unsigned* counters) {
+                         const BlockScales& scales, float* scratch, unsigned* counters, ProductInput input) {
   const bool fp8 = type == DenseWeightType::f8_e4m3;
   if (fp8 != (scales.scales != nullptr) ||
       (fp8 && (scales.block_rows < 1 || scales.block_cols < 1 || scales.block_cols % 16 != 0))) {
@@ -519,11 +538,13 @@ cudaError_t dense_linear(const void* weight, DenseWeightType type, int64_t out_f
   const bool aligned = ((reinterpret_cast<uintptr_t>(weight) | reinterpret_cast<uintptr_t>(x)) & 15u) == 0;
   if (takes_mma_path(type, in_features) && aligned) {
     const DenseGroupMember member{.weight = weight, .out_features = out_features, .y = y};
-    if (num_tokens > 0) launch_mma(&member, 1, in_features, x, num_tokens, scratch, counters, stream);
+    if (num_tokens > 0) launch_mma(&member, 1, in_features, x, num_tokens, scratch, counters, input, stream);
     return cudaGetLastError();
   }
+  const bool round_x = type == DenseWeightType::bf16 && input == ProductInput::bf16;
   with_element_type(type, [&](auto element) {
-    launch<decltype(element)>(type, weight, out_features, in_features, x, num_tokens, y, scales, scratch, stream);
+    launch<decltype(element)>(type, weight, out_features, in_features, x, num_tokens, y, scales, scratch, round_x,
+                              stream);
   });
   return cudaGetLastError();
 }

@@ -13,6 +13,8 @@
 
 #include <cstdint>
 
+#include "backend/product_input.h"
+
 namespace kestrel::cuda {
 
 enum class DenseWeightType { f32, f16, bf16, f8_e4m3 };
@@ -34,9 +36,12 @@ int64_t dense_scratch_floats(DenseWeightType type, int64_t out_features, int64_t
 int64_t dense_counter_count();
 // cudaErrorInvalidValue for fp8 without a usable scale grid. Without scratch (dense_scratch_floats of device
 // memory, not shared with a concurrent call) the rows are not split, nor on the bf16 path without counters.
+// `input` applies to bf16 weights (product_input.h): float32, split into three bf16 terms on the tensor cores (the
+// float32 product up to summation order), or bf16, rounded to one.
 cudaError_t dense_linear(const void* weight, DenseWeightType type, int64_t out_features, int64_t in_features,
                          const float* x, int64_t num_tokens, float* y, cudaStream_t stream,
-                         const BlockScales& scales = {}, float* scratch = nullptr, unsigned* counters = nullptr);
+                         const BlockScales& scales = {}, float* scratch = nullptr, unsigned* counters = nullptr,
+                         ProductInput input = ProductInput::float32);
 
 // One matrix of a bf16 group: weight [out_features, in_features] as stored, its output y [T, out_features].
 struct DenseGroupMember {
@@ -57,7 +62,8 @@ int64_t bf16_group_scratch_floats(int64_t total_rows, int64_t in_features);
 // up to the k splits' summation order. cudaErrorInvalidValue where bf16_group_supported fails, a weight is unaligned
 // or there are more than kMaxDenseGroup members.
 cudaError_t bf16_linear_group(const DenseGroupMember* members, int count, int64_t in_features, const float* x,
-                              int64_t num_tokens, float* scratch, unsigned* counters, cudaStream_t stream);
+                              int64_t num_tokens, float* scratch, unsigned* counters, cudaStream_t stream,
+                              ProductInput input);
 
 // y[T, out_features] = clamped_swiglu(gate, up, limit) [T, in_features] W^T on the bf16 tensor-core GEMV, the
 // activation applied as the input is staged (no launch of its own): bit for bit what the activation then dense_linear
@@ -66,7 +72,7 @@ cudaError_t bf16_linear_group(const DenseGroupMember* members, int count, int64_
 bool bf16_swiglu_supported(int64_t in_features, const void* weight, const float* gate, const float* up);
 cudaError_t bf16_swiglu_linear(const void* weight, int64_t out_features, int64_t in_features, const float* gate,
                                const float* up, float limit, int64_t num_tokens, float* y, float* scratch,
-                               unsigned* counters, cudaStream_t stream);
+                               unsigned* counters, cudaStream_t stream, ProductInput input);
 // out[T, cols] = rows ids[T] of table [rows, cols], as float32 (the embedding lookup). ids are device memory and must
 // be in [0, rows): the caller validates them (the model does, before anything runs). Not for fp8 tables.
 cudaError_t gather_rows(const void* table, DenseWeightType type, int64_t cols, const int32_t* ids, int64_t num_tokens,

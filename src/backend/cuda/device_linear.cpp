@@ -44,9 +44,10 @@ unsigned* Scratch::counters(size_t count) {
   return counters_.as<unsigned>();
 }
 
-DeviceLinear DeviceLinear::upload(const LinearWeight& weight, int sm_count) {
+DeviceLinear DeviceLinear::upload(const LinearWeight& weight, int sm_count, ProductInput input) {
   require(weight.valid(), "weight '{}' has no data", weight.name);
   DeviceLinear linear;
+  linear.input_ = input;
   linear.name_ = weight.name;
   linear.in_features_ = weight.in_features;
   linear.out_features_ = weight.out_features;
@@ -124,7 +125,7 @@ void DeviceLinear::forward(const float* x, int64_t num_tokens, float* y, Scratch
     const int64_t scratch_floats = dense_scratch_floats(dense_type_, out_features_, in_features_);
     float* partial = scratch_floats > 0 ? scratch.floats(static_cast<size_t>(scratch_floats)) : nullptr;
     check(dense_linear(data_.data(), dense_type_, out_features_, in_features_, x, num_tokens, y, stream, scales,
-                       partial, scratch.counters(static_cast<size_t>(dense_counter_count()))),
+                       partial, scratch.counters(static_cast<size_t>(dense_counter_count())), input_),
           "dense linear launch");
   }
 }
@@ -140,7 +141,7 @@ bool DeviceLinear::forward_swiglu(const float* gate, const float* up, float limi
   const int64_t scratch_floats = bf16_group_scratch_floats(out_features_, in_features_);
   float* partial = scratch_floats > 0 ? scratch.floats(static_cast<size_t>(scratch_floats)) : nullptr;
   check(bf16_swiglu_linear(data_.data(), out_features_, in_features_, gate, up, limit, num_tokens, y, partial,
-                           scratch.counters(static_cast<size_t>(dense_counter_count())), stream),
+                           scratch.counters(static_cast<size_t>(dense_counter_count())), stream, input_),
         "bf16 SwiGLU linear launch");
   return true;
 }
@@ -154,10 +155,12 @@ void DeviceLinear::forward_shared_input(std::span<const DeviceLinear* const> lin
   const int64_t in_features = linears.empty() ? 0 : linears.front()->in_features_;
   std::vector<size_t> grouped;  // the bf16 matrices on the GEMV at this count
   std::vector<size_t> split_once;  // the bf16 matrices on the GEMM at this count: x is split into bf16 terms once
+  const ProductInput input = linears.empty() ? ProductInput::float32 : linears.front()->input_;
   for (size_t i = 0; i < linears.size(); ++i) {
     const DeviceLinear& linear = *linears[i];
     const bool gemv = !(gemm_usable && num_tokens >= linear.gemm_min_tokens());
-    const bool bf16 = !linear.exl3_ && linear.dense_type_ == DenseWeightType::bf16 && linear.in_features_ == in_features;
+    const bool bf16 = !linear.exl3_ && linear.dense_type_ == DenseWeightType::bf16 &&
+                      linear.in_features_ == in_features && linear.input_ == input;
     if (gemv && bf16 && grouped.size() < kMaxDenseGroup) {
       grouped.push_back(i);
     } else if (!gemv && bf16) {
@@ -167,7 +170,7 @@ void DeviceLinear::forward_shared_input(std::span<const DeviceLinear* const> lin
     }
   }
   if (!split_once.empty()) {  // after the others, which may use the scratch the terms live in
-    const auto [high, low] = split_into(x, num_tokens, in_features, scratch, stream);
+    const auto [high, low] = split_into(x, num_tokens, in_features, input, scratch, stream);
     for (const size_t i : split_once) linears[i]->bf16_gemm_terms(high, low, num_tokens, ys[i], *gemm, stream);
   }
   if (grouped.size() < 2 || !bf16_group_supported(in_features, x)) {
@@ -184,7 +187,7 @@ void DeviceLinear::forward_shared_input(std::span<const DeviceLinear* const> lin
   const int64_t scratch_floats = bf16_group_scratch_floats(rows, in_features);
   float* partial = scratch_floats > 0 ? scratch.floats(static_cast<size_t>(scratch_floats)) : nullptr;
   check(bf16_linear_group(members.data(), static_cast<int>(members.size()), in_features, x, num_tokens, partial,
-                          scratch.counters(static_cast<size_t>(dense_counter_count())), stream),
+                          scratch.counters(static_cast<size_t>(dense_counter_count())), stream, input),
         "bf16 linear group launch");
 }
 
@@ -199,16 +202,18 @@ void DeviceLinear::forward_as_gemm(const float* x, int64_t num_tokens, float* y,
     const LinearJob* const jobs[] = {&job};
     exl3_gemm_groups(jobs, scratch, stream);
   } else {
-    const auto [high, low] = split_into(x, num_tokens, in_features_, scratch, stream);
+    const auto [high, low] = split_into(x, num_tokens, in_features_, input_, scratch, stream);
     bf16_gemm_terms(high, low, num_tokens, y, gemm, stream);
   }
 }
 
 std::pair<const uint16_t*, const uint16_t*> DeviceLinear::split_into(const float* x, int64_t num_tokens, int64_t k,
-                                                                     Scratch& scratch, cudaStream_t stream) {
+                                                                     ProductInput input, Scratch& scratch,
+                                                                     cudaStream_t stream) {
   const size_t plane = aligned_floats(static_cast<size_t>(num_tokens * k) * 2);
   auto* high = reinterpret_cast<uint16_t*>(scratch.floats(2 * plane));
-  auto* low = reinterpret_cast<uint16_t*>(reinterpret_cast<float*>(high) + plane);
+  auto* low = input == ProductInput::bf16 ? nullptr
+                                          : reinterpret_cast<uint16_t*>(reinterpret_cast<float*>(high) + plane);
   check(split_bf16(x, num_tokens * k, high, low, stream), "bf16 split launch");
   return {high, low};
 }
@@ -217,6 +222,7 @@ void DeviceLinear::bf16_gemm_terms(const uint16_t* high, const uint16_t* low, in
                                    Gemm& gemm, cudaStream_t stream) const {
   gemm.run(GemmInput::bf16, high, num_tokens, in_features_, data_.data(), GemmWeights::rows_are_outputs,
            out_features_, y, stream);
+  if (low == nullptr) return;
   gemm.run(GemmInput::bf16, low, num_tokens, in_features_, data_.data(), GemmWeights::rows_are_outputs,
            out_features_, y, stream, /*accumulate=*/true);
 }

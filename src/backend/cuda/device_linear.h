@@ -46,8 +46,9 @@ struct LinearJob {
 
 class DeviceLinear {
 public:
-  // Copies `weight` to the current device; `sm_count` sizes the EXL3 k-split and the EXL3 GEMM's block rows.
-  static DeviceLinear upload(const LinearWeight& weight, int sm_count);
+  // Copies `weight` to the current device; `sm_count` sizes the EXL3 k-split and the EXL3 GEMM's block rows;
+  // `input` is what a bf16 matrix's products take (product_input.h).
+  static DeviceLinear upload(const LinearWeight& weight, int sm_count, ProductInput input = ProductInput::float32);
 
   // y[T, out_features] = x[T, in_features] W^T; x and y are float32 device memory. With a usable `gemm`, token
   // counts from gemm_min_tokens() on run as a GEMM; without one, every count runs on the GEMV kernels.
@@ -90,11 +91,14 @@ public:
   DenseWeightType dense_type() const { return dense_type_; }
 
 private:
-  // x [T, k] float32 as the sum of two bf16 planes in scratch (high, then low), for the bf16 GEMMs.
+  // x [T, k] float32 as the sum of two bf16 planes in scratch (high, then low), for the bf16 GEMMs; under
+  // ProductInput::bf16, x rounded to bf16 as high alone (low null).
   static std::pair<const uint16_t*, const uint16_t*> split_into(const float* x, int64_t num_tokens, int64_t k,
-                                                                Scratch& scratch, cudaStream_t stream);
+                                                                ProductInput input, Scratch& scratch,
+                                                                cudaStream_t stream);
   // y = (high + low) W^T as two products into y: the weights read twice, so that the result matches float32
-  // activations to within the float32 sum's rounding (the tensor-core GEMV splits x the same way).
+  // activations to within the float32 sum's rounding (the tensor-core GEMV splits x the same way); one product
+  // where low is null.
   void bf16_gemm_terms(const uint16_t* high, const uint16_t* low, int64_t num_tokens, float* y, Gemm& gemm,
                        cudaStream_t stream) const;
   // One EXL3 matrix's GEMM with Ŵ decoded once into scratch (exl3_kernels.h's decode-once form).
@@ -115,6 +119,7 @@ private:
   Exl3Plan plan_;
   int sm_count_ = 1;  // the device's, for the EXL3 GEMM's block rows
   DenseWeightType dense_type_ = DenseWeightType::f32;
+  ProductInput input_ = ProductInput::float32;  // for bf16 weights
 };
 
 }  // namespace kestrel::cuda

@@ -4,6 +4,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include "backend/cuda/block_reduce.cuh"
 #include "backend/cuda/dependent_launch.cuh"
@@ -20,27 +21,93 @@ constexpr int kWarps = kThreads / 32;
 // Latent rows staged in shared memory per online-softmax step (32 KiB at the model's rank 512).
 constexpr int kLatentChunk = 16;
 
+__device__ __forceinline__ const unsigned char* block_row(const DevicePagedRows& rows, int64_t block, int64_t i) {
+  return static_cast<const unsigned char*>(rows.pool) + (block * rows.block_rows + i % rows.block_rows) * rows.row_bytes;
+}
+
+__device__ __forceinline__ const unsigned char* paged_row_bytes(const DevicePagedRows& rows, int64_t i) {
+  return block_row(rows, rows.block_ids[i / rows.block_rows], i);
+}
+
+// Row i of a float32 pool.
 __device__ __forceinline__ const float* paged_row(const DevicePagedRows& rows, int64_t i) {
-  const int64_t block = rows.block_ids[i / rows.block_rows];
-  return rows.pool + (block * rows.block_rows + i % rows.block_rows) * rows.row_width;
+  return reinterpret_cast<const float*>(paged_row_bytes(rows, i));
 }
 
 // Row i of token t's latents: its own sequence's block table in a decode step.
-__device__ __forceinline__ const float* latent_row(const SparseMlaDeviceArgs& a, int64_t t, int64_t i) {
-  if (!a.steps) return paged_row(a.latents, i);
-  const DevicePagedRows& rows = a.latents;
-  const int64_t block = a.token_block_ids.at[t][i / rows.block_rows];
-  return rows.pool + (block * rows.block_rows + i % rows.block_rows) * rows.row_width;
+__device__ __forceinline__ const unsigned char* latent_row(const SparseMlaDeviceArgs& a, int64_t t, int64_t i) {
+  if (!a.steps) return paged_row_bytes(a.latents, i);
+  return block_row(a.latents, a.token_block_ids.at[t][i / a.latents.block_rows], i);
 }
 
-// One thread per element of rows [first_row, ...) (the cache's pool is written: DevicePagedRows is const for the
-// readers).
+__device__ __forceinline__ float bf16_bits_to_float(uint32_t bits) { return __uint_as_float(bits << 16); }
+
+// Two e4m3 codes (the low 16 bits) as floats, exactly (fp16 holds every e4m3 value).
+__device__ __forceinline__ float2 e4m3x2_to_float2(uint32_t codes) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(codes & 0xFFFFu), __NV_E4M3);
+  return __half22float2(*reinterpret_cast<const __half2*>(&h));
+}
+
+// Values [4c, 4c + 4) of a row stored as `rows` stores them (4c inside the row; a float32 row's 16-byte vector).
+__device__ __forceinline__ float4 row_values4(const unsigned char* row, const DevicePagedRows& rows, int c) {
+  if (rows.dtype == CacheDtype::float32) return reinterpret_cast<const float4*>(row)[c];
+  if (rows.dtype == CacheDtype::bf16) {
+    const uint2 v = reinterpret_cast<const uint2*>(row)[c];
+    return make_float4(bf16_bits_to_float(v.x & 0xFFFFu), bf16_bits_to_float(v.x >> 16),
+                       bf16_bits_to_float(v.y & 0xFFFFu), bf16_bits_to_float(v.y >> 16));
+  }
+  const uint32_t codes = reinterpret_cast<const uint32_t*>(row)[c];
+  const float scale = reinterpret_cast<const float*>(row + rows.scale_offset)[4 * c / RowFormat::kScaleGroup];
+  const float2 low = e4m3x2_to_float2(codes), high = e4m3x2_to_float2(codes >> 16);
+  return make_float4(low.x * scale, low.y * scale, high.x * scale, high.y * scale);
+}
+
+// Value r of a row stored as `rows` stores them.
+__device__ __forceinline__ float row_value(const unsigned char* row, const DevicePagedRows& rows, int r) {
+  if (rows.dtype == CacheDtype::float32) return reinterpret_cast<const float*>(row)[r];
+  if (rows.dtype == CacheDtype::bf16) return bf16_bits_to_float(reinterpret_cast<const uint16_t*>(row)[r]);
+  const float scale = reinterpret_cast<const float*>(row + rows.scale_offset)[r / RowFormat::kScaleGroup];
+  return e4m3x2_to_float2(row[r]).x * scale;
+}
+
+// One thread per element of float32 rows [first_row, ...) (the cache's pool is written: DevicePagedRows is const for
+// the readers).
 __global__ void write_paged_rows_kernel(DevicePagedRows rows, int64_t first_row, const float* src, int64_t n) {
   wait_for_previous_grid();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
   const int64_t row = first_row + i / rows.row_width, column = i % rows.row_width;
   const_cast<float*>(paged_row(rows, row))[column] = src[i];
+}
+
+// One warp per (row, group of 128 values) of bf16 or fp8 rows [first_row, first_row + count), encoded as the CPU's
+// encode_row: bf16 rounded to nearest even; fp8 divided by the group's scale amax / 448 (a warp maximum, written by
+// lane 0 after the row's values) and rounded to e4m3, saturating.
+__global__ void write_coded_rows_kernel(DevicePagedRows rows, int64_t first_row, const float* src, int64_t count) {
+  wait_for_previous_grid();
+  const int64_t groups = (rows.row_width + RowFormat::kScaleGroup - 1) / RowFormat::kScaleGroup;
+  const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = static_cast<int>(threadIdx.x & 31);
+  if (warp >= count * groups) return;
+  const int64_t i = warp / groups, group = warp % groups;
+  const float* values = src + i * rows.row_width;
+  auto* row = const_cast<unsigned char*>(paged_row_bytes(rows, first_row + i));
+  const int64_t first = group * RowFormat::kScaleGroup;
+  const int64_t end = min(first + RowFormat::kScaleGroup, rows.row_width);
+  if (rows.dtype == CacheDtype::bf16) {
+    for (int64_t c = first + lane; c < end; c += 32) {
+      reinterpret_cast<__nv_bfloat16*>(row)[c] = __float2bfloat16_rn(values[c]);
+    }
+    return;
+  }
+  float amax = 0.0f;
+  for (int64_t c = first + lane; c < end; c += 32) amax = fmaxf(amax, fabsf(values[c]));
+  for (int offset = 16; offset > 0; offset >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, offset));
+  const float scale = amax > 0.0f ? __fdiv_rn(amax, 448.0f) : 1.0f;
+  for (int64_t c = first + lane; c < end; c += 32) {
+    row[c] = __nv_cvt_float_to_fp8(__fdiv_rn(values[c], scale), __NV_SATFINITE, __NV_E4M3);
+  }
+  if (lane == 0) reinterpret_cast<float*>(row + rows.scale_offset)[group] = scale;
 }
 
 // ---- k-pool compression ----
@@ -445,8 +512,8 @@ __global__ void __launch_bounds__(kThreads) sparse_mla_kernel(SparseMlaDeviceArg
     const int n = min(kLatentChunk, end - first);
     __syncthreads();  // q̂ is complete; the previous step's rows are consumed
     for (int i = warp; i < n; i += kWarps) {
-      const float* latent = latent_row(a, t, positions[first + i]);
-      for (int r = lane; r < rank; r += 32) rows[i * rank + r] = latent[r];
+      const unsigned char* latent = latent_row(a, t, positions[first + i]);
+      for (int r = lane; r < rank; r += 32) rows[i * rank + r] = row_value(latent, a.latents, r);
     }
     __syncthreads();
     for (int i = warp; i < n; i += kWarps) {
@@ -549,8 +616,7 @@ __global__ void __launch_bounds__(kThreads) sparse_mla_heads_kernel(SparseMlaDev
     __syncthreads();  // the previous chunk's rows are consumed
     for (int i = tid; i < n * (kRank / 4); i += kThreads) {
       const int row = i / (kRank / 4), column = i % (kRank / 4);
-      reinterpret_cast<float4*>(rows)[i] =
-          reinterpret_cast<const float4*>(latent_row(a, t, positions[first + row]))[column];
+      reinterpret_cast<float4*>(rows)[i] = row_values4(latent_row(a, t, positions[first + row]), a.latents, column);
     }
     __syncthreads();
     float score[kHeadsPerWarp] = {-INFINITY, -INFINITY};  // lane i: position first + i
@@ -690,8 +756,8 @@ __global__ void __launch_bounds__(kThreads) project_merged_kernel(SparseMlaDevic
 // A block per (token, 64 heads), 16 warps; q̂ (already scaled by the softmax scale) and the latent rows in fp16,
 // products and softmax in float32. The token's selected rows' addresses are looked up once into shared memory (per
 // staged vector, each lookup's two dependent loads and 64-bit division had the attention of an 8k prompt at 29.0 ms
-// against 19.5, H100, run 51). Each step stages 32 of the token's latent rows (cp.async, float32, the next step's in
-// flight during this one's products), converts them to fp16, then: scores S[64 heads, 32 rows] = q̂ Lᵀ, warp w the
+// against 19.5, H100, run 51). Each step stages 32 of the token's latent rows (cp.async, as stored, the next step's
+// in flight during this one's products), converts them to fp16, then: scores S[64 heads, 32 rows] = q̂ Lᵀ, warp w the
 // 16x8 tile (heads 16 (w % 4), rows 8 (w / 4)); the online softmax, 8 threads a head; the output
 // acc[64 heads, rank] += P L, warp w heads 16 (w % 4) and ranks (w / 4) rank/4, its accumulators in registers across
 // steps. fp16 rows are padded by 16 bytes so that ldmatrix's eight row addresses fall in distinct banks.
@@ -709,7 +775,7 @@ struct MmaLayout {
   static constexpr int prob_pitch = kMmaRows + kHalfPad;     // halves
   static constexpr size_t q_bytes = size_t{kMmaHeads} * latent_pitch * 2;
   static constexpr size_t rows_bytes = size_t{kMmaRows} * latent_pitch * 2;
-  static constexpr size_t stage_bytes = size_t{kMmaRows} * kRank * 4;
+  static constexpr size_t stage_bytes = size_t{kMmaRows} * kRank * 4;  // float32 rows, the largest format
   static constexpr size_t score_bytes = size_t{kMmaHeads} * score_pitch * 4;
   static constexpr size_t prob_bytes = size_t{kMmaHeads} * prob_pitch * 2;
   static constexpr size_t bytes = q_bytes + rows_bytes + stage_bytes + score_bytes + prob_bytes + 3 * kMmaHeads * 4;
@@ -719,7 +785,7 @@ struct MmaLayout {
 // lookups are two dependent loads and a 64-bit division each).
 template <int kRank>
 constexpr size_t mma_shared_bytes(int64_t positions_stride) {
-  return MmaLayout<kRank>::bytes + static_cast<size_t>(positions_stride) * sizeof(const float*);
+  return MmaLayout<kRank>::bytes + static_cast<size_t>(positions_stride) * sizeof(const unsigned char*);
 }
 
 __device__ __forceinline__ uint32_t half2_bits(__half2 h) { return *reinterpret_cast<uint32_t*>(&h); }
@@ -728,19 +794,19 @@ template <int kRank>
 __global__ void __launch_bounds__(kMmaThreads, 1) sparse_mla_mma_kernel(SparseMlaDeviceArgs a, __half* qhat) {
   using Layout = MmaLayout<kRank>;
   constexpr int kPitch = Layout::latent_pitch;
-  constexpr int kStageVectors = kMmaRows * kRank / 4;  // float4s of one step's rows
+  constexpr int kValues4 = kMmaRows * kRank / 4;  // 4-value pieces of one step's rows
   constexpr int kValueTiles = kRank / 32;               // 8-rank tiles of a warp's output
   extern __shared__ float4 shared_vectors[];
   auto* base = reinterpret_cast<unsigned char*>(shared_vectors);
   __half* q_shared = reinterpret_cast<__half*>(base);
   __half* rows = reinterpret_cast<__half*>(base + Layout::q_bytes);
-  float* stage = reinterpret_cast<float*>(base + Layout::q_bytes + Layout::rows_bytes);
-  float* scores = stage + kMmaRows * kRank;
+  unsigned char* stage = base + Layout::q_bytes + Layout::rows_bytes;  // rows as stored, row_bytes apart
+  float* scores = reinterpret_cast<float*>(stage + Layout::stage_bytes);
   __half* probs = reinterpret_cast<__half*>(scores + kMmaHeads * Layout::score_pitch);
   float* row_max = reinterpret_cast<float*>(probs + kMmaHeads * Layout::prob_pitch);
   float* row_total = row_max + kMmaHeads;
   float* row_rescale = row_total + kMmaHeads;
-  const float** row_sources = reinterpret_cast<const float**>(base + Layout::bytes);  // [count]
+  const unsigned char** row_sources = reinterpret_cast<const unsigned char**>(base + Layout::bytes);  // [count]
 
   const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
   const int64_t t = blockIdx.x;
@@ -762,12 +828,13 @@ __global__ void __launch_bounds__(kMmaThreads, 1) sparse_mla_mma_kernel(SparseMl
   const int32_t* positions = a.positions + t * a.positions_stride;
   for (int i = tid; i < count; i += kMmaThreads) row_sources[i] = latent_row(a, t, positions[i]);
   __syncthreads();
+  const int row_vectors = static_cast<int>(a.latents.row_bytes / 16);
   const auto stage_rows = [&](int first) {
-    for (int i = tid; i < kStageVectors; i += kMmaThreads) {
-      const int row = i / (kRank / 4), column = i % (kRank / 4);
+    for (int i = tid; i < kMmaRows * row_vectors; i += kMmaThreads) {
+      const int row = i / row_vectors, column = i % row_vectors;
       const bool valid = first + row < count;  // rows past the token's last are zeros
-      const float* source = valid ? row_sources[first + row] + column * 4 : a.latents.pool;
-      copy_async_16(stage + row * kRank + column * 4, source, valid);
+      const void* source = valid ? row_sources[first + row] + column * 16 : a.latents.pool;
+      copy_async_16(stage + row * a.latents.row_bytes + column * 16, source, valid);
     }
     copy_async_commit();
   };
@@ -787,9 +854,9 @@ __global__ void __launch_bounds__(kMmaThreads, 1) sparse_mla_mma_kernel(SparseMl
   for (int first = 0; first < count; first += kMmaRows) {
     copy_async_wait_all();
     __syncthreads();  // this step's rows are staged; the previous step is done with rows and probs
-    for (int i = tid; i < kStageVectors; i += kMmaThreads) {
+    for (int i = tid; i < kValues4; i += kMmaThreads) {
       const int row = i / (kRank / 4), column = i % (kRank / 4);
-      const float4 v = reinterpret_cast<const float4*>(stage)[i];
+      const float4 v = row_values4(stage + row * a.latents.row_bytes, a.latents, column);
       *reinterpret_cast<uint2*>(rows + row * kPitch + column * 4) =
           make_uint2(half2_bits(__floats2half2_rn(v.x, v.y)), half2_bits(__floats2half2_rn(v.z, v.w)));
     }
@@ -895,20 +962,51 @@ cudaError_t launch_mma_kernel(const SparseMlaDeviceArgs& a, __half* qhat, cudaSt
   return cudaGetLastError();
 }
 
+// Rows of `width` values stored as their format says (row_bytes and scale_offset its RowFormat's, so that any value
+// a kernel reads lies inside the row).
 bool valid_rows(const DevicePagedRows& rows, int64_t width) {
-  return rows.block_rows > 0 && rows.row_width == width && rows.num_rows >= 0 &&
+  RowFormat format;
+  format.dtype = rows.dtype;
+  format.width = width;
+  const bool laid_out = rows.row_width == width && rows.row_bytes == format.row_bytes() &&
+                        (rows.dtype != CacheDtype::fp8_e4m3 || rows.scale_offset == format.scale_offset());
+  return laid_out && rows.block_rows > 0 && rows.num_rows >= 0 &&
          (rows.num_rows == 0 || (rows.pool != nullptr && rows.block_ids != nullptr));
 }
 
+// The indexer's pools: float32 rows of `width`.
+bool valid_float_rows(const DevicePagedRows& rows, int64_t width) {
+  return rows.dtype == CacheDtype::float32 && valid_rows(rows, width);
+}
+
 }  // namespace
+
+DevicePagedRows device_paged_rows(const void* pool, const int32_t* block_ids, int64_t block_rows, int64_t num_rows,
+                                  const RowFormat& format) {
+  return DevicePagedRows{.pool = pool,
+                         .block_ids = block_ids,
+                         .block_rows = block_rows,
+                         .row_width = format.width,
+                         .num_rows = num_rows,
+                         .row_bytes = format.row_bytes(),
+                         .dtype = format.dtype,
+                         .scale_offset = format.scale_offset()};
+}
 
 cudaError_t write_paged_rows(const DevicePagedRows& rows, int64_t first_row, const float* src, int64_t count,
                              cudaStream_t stream) {
   const bool valid = rows.row_width > 0 && valid_rows(rows, rows.row_width) && first_row >= 0 && count >= 0 &&
                      first_row + count <= rows.num_rows;
   if (!valid) return cudaErrorInvalidValue;
+  if (count == 0) return cudaSuccess;
+  if (rows.dtype != CacheDtype::float32) {
+    const int64_t warps = count * ((rows.row_width + RowFormat::kScaleGroup - 1) / RowFormat::kScaleGroup);
+    const int64_t blocks = (warps + kWarps - 1) / kWarps;
+    if (blocks > INT_MAX) return cudaErrorInvalidValue;
+    return launch_dependent(write_coded_rows_kernel, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), 0, stream,
+                            rows, first_row, src, count);
+  }
   const int64_t n = count * rows.row_width;
-  if (n == 0) return cudaSuccess;
   const int64_t blocks = (n + kThreads - 1) / kThreads;
   if (blocks > INT_MAX) return cudaErrorInvalidValue;
   return launch_dependent(write_paged_rows_kernel, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), 0, stream, rows,
@@ -918,8 +1016,8 @@ cudaError_t write_paged_rows(const DevicePagedRows& rows, int64_t first_row, con
 cudaError_t kpool_compress(const DevicePagedRows& keys, const DevicePagedRows& gates, const float* ape,
                            int64_t first_pool, int64_t num_pools, int64_t kpool, float* pooled, cudaStream_t stream) {
   const int64_t dim = keys.row_width;
-  const bool valid = dim > 0 && kpool > 0 && first_pool >= 0 && num_pools >= 0 && valid_rows(keys, dim) &&
-                     valid_rows(gates, dim) && (first_pool + num_pools) * kpool <= keys.num_rows &&
+  const bool valid = dim > 0 && kpool > 0 && first_pool >= 0 && num_pools >= 0 && valid_float_rows(keys, dim) &&
+                     valid_float_rows(gates, dim) && (first_pool + num_pools) * kpool <= keys.num_rows &&
                      (first_pool + num_pools) * kpool <= gates.num_rows;
   if (!valid) return cudaErrorInvalidValue;
   if (num_pools == 0) return cudaSuccess;
@@ -958,7 +1056,7 @@ cudaError_t indexer_select(const IndexerDeviceArgs& a, cudaStream_t stream) {
   const int64_t pools = a.pooled_keys.num_rows;
   // Positions and pool indices are int32 on the device; tiles of score blocks are limited by the grid's y extent.
   const bool valid = a.num_tokens >= 0 && a.start >= 0 && a.num_heads > 0 && a.head_dim > 0 && a.kpool > 0 &&
-                     a.topk_pools >= 0 && valid_rows(a.pooled_keys, a.head_dim) && a.num_heads <= INT_MAX / 4 &&
+                     a.topk_pools >= 0 && valid_float_rows(a.pooled_keys, a.head_dim) && a.num_heads <= INT_MAX / 4 &&
                      a.head_dim <= INT_MAX / 4 / a.num_heads && a.start + a.num_tokens <= INT_MAX &&
                      indexer_max_positions(a.topk_pools, a.kpool) <= INT_MAX && a.scratch_floats >= 0 &&
                      (a.scratch_floats == 0 || a.scratch_floats >= pools);
@@ -1062,7 +1160,8 @@ bool sparse_mla_mma_supported(int64_t num_tokens, int64_t num_heads, int64_t pos
 
 cudaError_t sparse_mla_mma_attend(const SparseMlaDeviceArgs& a, void* qhat, cudaStream_t stream) {
   const bool valid = a.num_tokens >= 0 && a.num_tokens <= INT_MAX && a.num_heads > 0 && qhat != nullptr &&
-                     valid_rows(a.latents, a.kv_lora_rank) && a.latents.row_width % 4 == 0;
+                     valid_rows(a.latents, a.kv_lora_rank) && a.latents.row_width % 4 == 0 &&
+                     a.latents.row_bytes % 16 == 0;
   if (!valid) return cudaErrorInvalidValue;
   if (a.num_tokens == 0) return cudaSuccess;
   auto* q = static_cast<__half*>(qhat);

@@ -7,7 +7,9 @@
 // Numerics. kpool_compress and the indexer's scores run the CPU's float operations in the CPU's order with every
 // product and sum rounded on its own (the CPU's x86-64 code is not FMA-contracted), so scores are bitwise the CPU's
 // and the selection is identical, ties and near ties included; pooled keys differ only by expf's last bits.
-// Attention reduces in another order (warp partials, online softmax), so it matches the CPU to rounding.
+// Attention reduces in another order (warp partials, online softmax), so it matches the CPU to rounding. Latent rows
+// in bf16 or fp8 (--kv-cache-dtype) are encoded as the CPU's encode_row does, to the bit (the scale amax / 448 and
+// each value's division rounded to nearest, e4m3 saturating), and decoded exactly as its decode_row.
 //
 // Design. The indexer is two launches: scores of every visible pool into a caller's scratch [T, pools] (a block per
 // (token, tile of pools), the token's queries and the tile's keys in shared memory), then one block per token picks
@@ -26,17 +28,27 @@
 #include <cstdint>
 
 #include "backend/dsa_selection.h"
+#include "engine/cache_row_format.h"
 
 namespace kestrel::cuda {
 
 // One sequence's rows in a device pool of blocks (engine/paged_rows.h on the GPU, like vLLM's KV cache): block id b
-// holds `block_rows` rows of `row_width` floats at pool + b * block_rows * row_width, and the sequence's row i lives
-// in block block_ids[i / block_rows] at row i % block_rows.
+// holds `block_rows` rows of `row_bytes` bytes at pool + b * block_rows * row_bytes, and the sequence's row i lives
+// in block block_ids[i / block_rows] at row i % block_rows. A row holds `row_width` values in `dtype`
+// (RowFormat): float32, bf16, or e4m3 bytes with one float32 scale per 128 values from byte `scale_offset`. The
+// indexer's pools are float32; the latents may be any of the three.
 struct DevicePagedRows {
-  const float* pool = nullptr;
+  const void* pool = nullptr;
   const int32_t* block_ids = nullptr;  // the sequence's block table
   int64_t block_rows = 0, row_width = 0, num_rows = 0;
+  int64_t row_bytes = 0;
+  CacheDtype dtype = CacheDtype::float32;
+  int64_t scale_offset = 0;  // fp8
 };
+
+// Rows stored as `format` stores them.
+DevicePagedRows device_paged_rows(const void* pool, const int32_t* block_ids, int64_t block_rows, int64_t num_rows,
+                                  const RowFormat& format);
 
 // Rows [first_row, first_row + count) of `rows` (their blocks in the table already) = src [count, row_width]: a
 // prefill chunk's cache rows in one launch.

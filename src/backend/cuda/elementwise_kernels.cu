@@ -30,7 +30,7 @@ __global__ void split_bf16_kernel(const float* x, int64_t n, uint16_t* high, uin
   if (i >= n) return;
   const __nv_bfloat16 h = __float2bfloat16_rn(x[i]);
   high[i] = __bfloat16_as_ushort(h);
-  low[i] = __bfloat16_as_ushort(__float2bfloat16_rn(x[i] - __bfloat162float(h)));
+  if (low != nullptr) low[i] = __bfloat16_as_ushort(__float2bfloat16_rn(x[i] - __bfloat162float(h)));
 }
 
 __global__ void to_f16_kernel(const float* x, int64_t n, uint16_t* out) {

@@ -10,7 +10,8 @@ namespace kestrel::cuda {
 
 cudaError_t fill(float* x, int64_t n, float value, cudaStream_t stream);
 // x as the sum of two bf16 terms for tensor-core products: high[i] = x[i] rounded to bf16 (nearest even), low[i] =
-// the rest rounded to bf16 (16 significant bits in all, as the float32 activations times bf16 weights need).
+// the rest rounded to bf16 (16 significant bits in all, as the float32 activations times bf16 weights need); with
+// low null, only x rounded to bf16 (ProductInput::bf16).
 cudaError_t split_bf16(const float* x, int64_t n, uint16_t* high, uint16_t* low, cudaStream_t stream);
 // out[i] = x[i] rounded to fp16 (nearest even), as fp16 bits.
 cudaError_t to_f16(const float* x, int64_t n, uint16_t* out, cudaStream_t stream);
