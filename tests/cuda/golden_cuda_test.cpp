@@ -7,7 +7,6 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <cmath>
 #include <map>
 #include <span>
 #include <string>
@@ -168,7 +167,7 @@ TEST_P(GoldenCudaTest, RoundedLatentCachesMatchTheCpu) {
 // position's logits by up to 6 (H100, run 67: mean 0.0205 whole, 0.0555 prefill then decode). Each path's products
 // are the CPU's to 1e-5 (CudaLinearTest.Bf16InputsAreRoundedOnEveryPath). Elsewhere the fixture's own tolerance.
 TEST_P(GoldenCudaTest, Bf16ProductInputsGiveTheCpusLogits) {
-  const bool bf16_matrices = GetParam().rfind("bf16", 0) == 0 || GetParam().rfind("fp8", 0) == 0;
+  const bool bf16_matrices = kestrel::testing::has_bf16_matrices(GetParam());
   CpuBackend cpu;
   cpu.set_product_input(ProductInput::bf16);
   const auto cpu_model = Glm5NextModel::load(fixture_.dir, cpu);
@@ -181,9 +180,7 @@ TEST_P(GoldenCudaTest, Bf16ProductInputsGiveTheCpusLogits) {
   const auto vocab = static_cast<size_t>(gpu_model->config().vocab_size);
   const auto expect_close_to_cpu = [&](const std::vector<float>& logits, const char* how) {
     ASSERT_EQ(logits.size(), expected.size());
-    double mean = 0.0;
-    for (size_t i = 0; i < logits.size(); ++i) mean += std::fabs(static_cast<double>(logits[i]) - expected[i]);
-    mean /= static_cast<double>(logits.size());
+    const double mean = kestrel::testing::mean_abs_difference(logits, expected);
     size_t same_top = 0, positions = logits.size() / vocab;
     for (size_t p = 0; p < positions; ++p) {
       const auto row = [&](const std::vector<float>& v) { return v.begin() + static_cast<std::ptrdiff_t>(p * vocab); };

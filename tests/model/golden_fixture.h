@@ -63,6 +63,19 @@ inline double max_abs_difference(const std::vector<float>& a, const std::vector<
   }
   return worst;
 }
+// Mean |a - b|.
+inline double mean_abs_difference(const std::vector<float>& a, const std::vector<float>& b) {
+  double total = 0.0;
+  for (size_t i = 0; i < a.size(); ++i) total += std::fabs(static_cast<double>(a[i]) - static_cast<double>(b[i]));
+  return total / static_cast<double>(a.size());
+}
+
+// Whether a fixture keeps matrices in bf16 (tools/make_golden.py names them by format: the bf16 and fp8 fixtures
+// keep their non-quantized matrices in bf16, the f32 and exl3 ones in float32), which --dtype bfloat16 rounds.
+inline bool has_bf16_matrices(const std::string& fixture) {
+  return fixture.rfind("bf16", 0) == 0 || fixture.rfind("fp8", 0) == 0;
+}
+
 // One fixture's tokens through three sequences in batched passes (forward_batch), each pass mixing different kinds of
 // call: `chunked` in uneven chunks (37, 5, 37, ...), `decoded` the reference's prefill then one-token steps, `whole`
 // the whole sequence in the first pass and empty calls after. Their logits, all rows of each.
