@@ -156,6 +156,33 @@ TEST(ProductInputTest, Bf16InputsAreRoundedForBf16MatricesOnly) {
   EXPECT_THROW(parse_dtype("half"), Error);
 }
 
+// The mHC mixes (fn · the normalised streams) are float32's under --dtype bfloat16 too, as the reference's and
+// vLLM's are, and as the GPU's fused site computes them: a bf16 fn gives the same pre, post, comb and collapse in
+// both modes.
+TEST(ProductInputTest, MhcMixesTakeFloat32InputsEitherWay) {
+  const int64_t hc = 4, hidden = 24, tokens = 3, mix = (2 + hc) * hc;
+  const StoredMatrix fn = store(random_values(static_cast<size_t>(mix * hc * hidden), 10, 0.05f), mix, hc * hidden,
+                                DType::bf16);
+  const MhcWeights weights{.fn = fn.weight, .base = random_values(static_cast<size_t>(mix), 11),
+                           .scale = std::vector<float>{0.7f, 1.3f, 2.0f}};
+  const MhcShape shape{.num_tokens = tokens, .hc_mult = hc, .hidden = hidden, .rms_eps = 1e-6f, .hc_eps = 1e-6f,
+                       .sinkhorn_iters = 20};
+  const std::vector<float> streams = random_values(static_cast<size_t>(tokens * hc * hidden), 12, 2.0f);
+  struct Site {
+    std::vector<float> post, comb, collapsed;
+    bool operator==(const Site&) const = default;
+  };
+  const auto site = [&](ProductInput input) {
+    CpuBackend backend;
+    backend.set_product_input(input);
+    Site s{std::vector<float>(static_cast<size_t>(tokens * hc)), std::vector<float>(static_cast<size_t>(tokens * hc * hc)),
+           std::vector<float>(static_cast<size_t>(tokens * hidden))};
+    backend.mhc_pre(shape, weights, streams.data(), s.post.data(), s.comb.data(), s.collapsed.data());
+    return s;
+  };
+  EXPECT_EQ(site(ProductInput::bf16), site(ProductInput::float32));
+}
+
 // Backend::sparse_mla_attention_steps (a decode step's attention, which the CUDA backend runs as one pass): token s
 // attends over sequence s's latents, as sparse_mla_attention of that sequence alone gives, with the sequences'
 // blocks interleaved in one pool; a count of sequences that does not match the tokens is an Error.

@@ -19,7 +19,8 @@ namespace {
 using namespace kestrel::cuda::testing;
 
 constexpr double kTolerance = 1e-5;
-constexpr int64_t kWidths[] = {256, 4096, 16384, 300};
+// Up to 512 elements a row takes a warp, above a block.
+constexpr int64_t kWidths[] = {256, 4096, 16384, 300, 512, 513};
 
 TEST(CudaNormTest, RmsNormMatchesCpuWithAndWithoutWeight) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
@@ -43,12 +44,14 @@ TEST(CudaNormTest, RmsNormMatchesCpuWithAndWithoutWeight) {
 
 TEST(CudaNormTest, RmsNormInPlaceEqualsOutOfPlace) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  const std::vector<float> x = random_values(3 * 4096, 3);
-  DeviceBuffer in_place = to_device(x), out(x.size() * sizeof(float));
-  const DeviceBuffer source = to_device(x);
-  check(rms_norm(source.as<float>(), 3, 4096, nullptr, 1e-6f, out.as<float>(), nullptr), "rms_norm");
-  check(rms_norm(in_place.as<float>(), 3, 4096, nullptr, 1e-6f, in_place.as<float>(), nullptr), "rms_norm");
-  EXPECT_EQ(to_host(in_place), to_host(out));
+  for (const int64_t n : {int64_t{4096}, int64_t{128}}) {
+    const std::vector<float> x = random_values(static_cast<size_t>(3 * n), 3);
+    DeviceBuffer in_place = to_device(x), out(x.size() * sizeof(float));
+    const DeviceBuffer source = to_device(x);
+    check(rms_norm(source.as<float>(), 3, n, nullptr, 1e-6f, out.as<float>(), nullptr), "rms_norm");
+    check(rms_norm(in_place.as<float>(), 3, n, nullptr, 1e-6f, in_place.as<float>(), nullptr), "rms_norm");
+    EXPECT_EQ(to_host(in_place), to_host(out)) << "n " << n;
+  }
 }
 
 TEST(CudaNormTest, LayerNormAndGatedRmsNormMatchCpu) {

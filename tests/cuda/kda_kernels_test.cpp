@@ -24,9 +24,11 @@ float logistic(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 
 // Conv and gate run the CPU's operations in the CPU's order: only FMA contraction and expf/logf's last bits differ.
 constexpr double kElementwiseTolerance = 1e-5;
-// The GPU sums S^T k and S^T q over the key rows as per-lane partials and a butterfly, the CPU in row order; the
+// The GPU sums S^T k and S^T q over the key rows as per-lane partials and a butterfly, the CPU in row order, and
+// takes the output as S_d^T q + (k . q) delta (S_d the decayed state) where the CPU reads the updated state; the
 // difference enters the state and carries to later tokens (damped by the decay). With the kernel's order emulated on
-// the host it is at most 3.2e-7 for these cases (out and state); the margin covers FMA contraction and expf.
+// the host it was at most 3.2e-7 for these cases (out and state) before the output's rewriting; the margin covers
+// that, FMA contraction and expf.
 constexpr double kRecurrentTolerance = 1e-5;
 // The CPU's WY form reaches the same recurrence another way (forward substitution over the chunk, cumulative decays,
 // dense products): 1.0e-6 from the CPU's own recurrent form at 150 tokens, and it grows with the chunk's conditioning,
@@ -172,11 +174,12 @@ TEST(CudaKdaTest, DecodeStepMatchesCpuComposition) {
   struct Shape {
     int64_t sequences, heads, dim;
     bool bounded;
+    bool bf16_inputs = false;  // --dtype bfloat16: the gates' low ranks rounded to bf16 before their products
   };
   constexpr int64_t kKernel = 4;
   uint32_t seed = 300;
   for (const Shape shape : {Shape{1, 64, 128, true}, Shape{3, 4, 128, false}, Shape{70, 4, 16, true},
-                            Shape{5, 3, 32, false}, Shape{2, 2, 64, true}}) {
+                            Shape{5, 3, 32, false}, Shape{2, 2, 64, true}, Shape{3, 4, 128, true, true}}) {
     const int64_t S = shape.sequences, H = shape.heads, D = shape.dim, C = H * D;
     const auto n = static_cast<size_t>(S * C);
     const std::vector<float> q_in = random_values(n, ++seed), k_in = random_values(n, ++seed);
@@ -227,7 +230,8 @@ TEST(CudaKdaTest, DecodeStepMatchesCpuComposition) {
                                                .dt_bias = dt_dev.as<float>(), .bounded = shape.bounded,
                                                .lower_bound = lower_bound, .beta = beta_dev.as<float>(),
                                                .gate_low = gate_low_dev.as<float>(), .g_b = g_b_dev.data(),
-                                               .o_norm = o_norm_dev.as<float>(), .eps = eps,
+                                               .round_lows = shape.bf16_inputs, .o_norm = o_norm_dev.as<float>(),
+                                               .eps = eps,
                                                .out = out_dev.as<float>()},
                            conv_pointers.data(), state_pointers.data(), nullptr),
           "kda_decode_steps");
@@ -242,20 +246,23 @@ TEST(CudaKdaTest, DecodeStepMatchesCpuComposition) {
       cpu_conv.push_back(conv.data() + s * conv_floats);
       cpu_states.push_back(states.data() + s * state_floats);
     }
-    CpuBackend().kda_decode_steps(KdaDecodeArgs{.num_sequences = S, .num_heads = H, .head_dim = D,
-                                                .conv_kernel = kKernel, .q_in = q_in.data(), .k_in = k_in.data(),
-                                                .v_in = v_in.data(), .q_conv = q_conv.data(),
-                                                .k_conv = k_conv.data(), .v_conv = v_conv.data(),
-                                                .f_low = f_low.data(), .f_b_proj = &f_b_weight,
-                                                .a_log = a_log.data(), .dt_bias = dt_bias.data(),
-                                                .lower_bound = shape.bounded ? &lower_bound : nullptr,
-                                                .beta = cpu_beta.data(), .gate_low = gate_low.data(),
-                                                .g_b_proj = &g_b_weight,
-                                                .o_norm = o_norm.data(), .eps = eps, .work = work.data(),
-                                                .out = cpu_out.data()},
-                                  cpu_conv, cpu_states);
+    CpuBackend cpu;
+    if (shape.bf16_inputs) cpu.set_product_input(ProductInput::bf16);
+    cpu.kda_decode_steps(KdaDecodeArgs{.num_sequences = S, .num_heads = H, .head_dim = D,
+                                       .conv_kernel = kKernel, .q_in = q_in.data(), .k_in = k_in.data(),
+                                       .v_in = v_in.data(), .q_conv = q_conv.data(),
+                                       .k_conv = k_conv.data(), .v_conv = v_conv.data(),
+                                       .f_low = f_low.data(), .f_b_proj = &f_b_weight,
+                                       .a_log = a_log.data(), .dt_bias = dt_bias.data(),
+                                       .lower_bound = shape.bounded ? &lower_bound : nullptr,
+                                       .beta = cpu_beta.data(), .gate_low = gate_low.data(),
+                                       .g_b_proj = &g_b_weight,
+                                       .o_norm = o_norm.data(), .eps = eps, .work = work.data(),
+                                       .out = cpu_out.data()},
+                         cpu_conv, cpu_states);
     const std::string label = std::to_string(S) + " sequences, " + std::to_string(H) + " heads of " +
-                              std::to_string(D) + (shape.bounded ? ", bounded" : "");
+                              std::to_string(D) + (shape.bounded ? ", bounded" : "") +
+                              (shape.bf16_inputs ? ", bf16 inputs" : "");
     EXPECT_LT(relative_difference(to_host(out_dev), cpu_out), kRecurrentTolerance) << label;
     EXPECT_LT(relative_difference(to_host(states_dev), states), kRecurrentTolerance) << label;
     EXPECT_EQ(to_host(conv_dev), conv) << label;
@@ -273,6 +280,12 @@ TEST(CudaKdaTest, UnsupportedArgumentsAreRefused) {
   args.state = storage + 1;  // the state is read as float4
   EXPECT_EQ(kda_recurrent(args, nullptr), cudaErrorInvalidValue);
   args.state = storage;
+  for (const float** input : {&args.q, &args.k, &args.g, &args.v}) {  // rows copied 16 bytes at a time
+    const float* aligned = *input;
+    *input = storage + 1;
+    EXPECT_EQ(kda_recurrent(args, nullptr), cudaErrorInvalidValue);
+    *input = aligned;
+  }
   EXPECT_EQ(kda_chunked(args, 0, nullptr), cudaErrorInvalidValue);
   for (const int64_t kernel : {0, 9}) {
     EXPECT_EQ(causal_conv_silu(storage, 1, 1, kernel, storage, storage, storage, nullptr), cudaErrorInvalidValue)

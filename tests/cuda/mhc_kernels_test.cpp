@@ -82,9 +82,10 @@ TEST(CudaMhcTest, PreAndPostMatchCpu) {
   }
 }
 
-// The fused site (one launch: pending post-mix, pre-mix, norm) through CudaBackend::mhc_site against the CPU
+// The fused site (two launches: pending post-mix, pre-mix, norm) through CudaBackend::mhc_site against the CPU
 // backend's composition of mhc_post, mhc_pre and rms_norm, with and without a pending post-mix, fn in bf16 and f32;
-// 17 tokens take the composed path. The fused form divides fn · streams by the rms after the product instead of
+// up to 16 tokens a block per (slice, token), from 17 tiles of 64 tokens (a partial tile, several, a hidden size
+// that leaves a partial slice). The fused form divides fn · streams by the rms after the product instead of
 // before, which moves the mixes by a few float32 roundings; the Sinkhorn weights amplify that, hence 1e-4.
 TEST(CudaMhcTest, FusedSiteMatchesCpuComposition) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
@@ -98,7 +99,9 @@ TEST(CudaMhcTest, FusedSiteMatchesCpuComposition) {
   };
   for (const SiteCase c : {SiteCase{1, 4, 4096, true, DType::bf16}, SiteCase{1, 4, 4096, false, DType::bf16},
                            SiteCase{5, 4, 256, true, DType::f32}, SiteCase{16, 2, 100, true, DType::bf16},
-                           SiteCase{17, 4, 256, true, DType::bf16}}) {
+                           SiteCase{17, 4, 256, true, DType::bf16}, SiteCase{200, 4, 4096, true, DType::bf16},
+                           SiteCase{130, 4, 256, false, DType::f32}, SiteCase{70, 2, 100, true, DType::bf16},
+                           SiteCase{65, 3, 96, true, DType::f32}}) {
     const int64_t mix = (2 + c.hc) * c.hc, width = c.hc * c.hidden, T = c.tokens;
     const std::vector<float> fn = random_values(static_cast<size_t>(mix * width), 11, 0.05f);
     std::vector<uint16_t> fn_bf16(fn.size());

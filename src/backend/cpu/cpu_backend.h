@@ -56,6 +56,10 @@ public:
   void stream_mean(const float* streams, int64_t num_tokens, int64_t hc_mult, int64_t hidden, float* out) override;
   void stream_expand(const float* x, int64_t num_tokens, int64_t hc_mult, int64_t hidden, float* streams) override;
   void clamped_swiglu(const float* gate, const float* up, int64_t rows, int64_t n, float limit, float* out) override;
+
+ private:
+  // linear with the input taken as `input` says rather than as product_input() does (the mHC mixes: float32's).
+  void linear_taking(const float* x, int64_t num_tokens, const LinearWeight& weight, ProductInput input, float* y);
 };
 
 }  // namespace kestrel

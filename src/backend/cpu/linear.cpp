@@ -30,13 +30,18 @@ float dot(const float* a, const float* b, int64_t n) {
 }  // namespace
 
 void CpuBackend::linear(const float* x, int64_t num_tokens, const LinearWeight& weight, float* y) {
+  linear_taking(x, num_tokens, weight, product_input(), y);
+}
+
+void CpuBackend::linear_taking(const float* x, int64_t num_tokens, const LinearWeight& weight, ProductInput input,
+                               float* y) {
   if (weight.exl3) {
     exl3_linear(x, num_tokens, weight, y);
     return;
   }
   const int64_t in = weight.in_features, out = weight.out_features;
   std::vector<float> rounded;  // x rounded to bf16, for a bf16 matrix under --dtype bfloat16
-  if (weight.dtype == DType::bf16 && product_input() == ProductInput::bf16) {
+  if (weight.dtype == DType::bf16 && input == ProductInput::bf16) {
     rounded.resize(static_cast<size_t>(num_tokens * in));
     for (size_t i = 0; i < rounded.size(); ++i) rounded[i] = bf16_to_f32(f32_to_bf16(x[i]));
     x = rounded.data();

@@ -17,11 +17,12 @@ float logistic(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 void CpuBackend::mhc_pre(const MhcShape& shape, const MhcWeights& weights, const float* streams, float* post,
                          float* comb, float* collapsed) {
   const int64_t hc = shape.hc_mult, width = hc * shape.hidden, mix = (2 + hc) * hc, T = shape.num_tokens;
-  // flat = streams / rms(streams) over the whole hc * hidden vector, then mix = fn · flat.
+  // flat = streams / rms(streams) over the whole hc * hidden vector, then mix = fn · flat, with flat as it is under
+  // any --dtype: the reference's mixes are float32's (vLLM's too), and the GPU's fused site multiplies the streams.
   std::vector<float> flat(static_cast<size_t>(T * width));
   rms_norm(streams, T, width, nullptr, shape.rms_eps, flat.data());
   std::vector<float> mixes(static_cast<size_t>(T * mix));
-  linear(flat.data(), T, weights.fn, mixes.data());
+  linear_taking(flat.data(), T, weights.fn, ProductInput::float32, mixes.data());
 
   const float* base = weights.base.data();
   const float* scale = weights.scale.data();

@@ -47,9 +47,6 @@ struct PlacedExperts final : PlacedWeight {
 // Above this many tokens an MoE call groups its tokens by expert (CudaBackend::moe_experts). At 64 tokens of
 // GLM-5.3-Flash's layer the fused path takes 3.7 ms and the grouped one 11.3 ms (H100, docs/benchmarks/cuda_linear.md).
 constexpr int64_t kFusedMoeMaxTokens = 64;
-// Up to this many tokens an mHC site is the fused pair of launches (CudaBackend::mhc_site), which reads fn once per
-// token.
-constexpr int64_t kFusedSiteMaxTokens = 16;
 // Scratch for the indexer's scores ([tokens, pools] floats: a 2048-token chunk at 1M tokens of context would take
 // 2 GiB); a call runs in groups of tokens whose scores fit (cuda::indexer_select).
 constexpr int64_t kIndexerScratchFloats = int64_t{64} << 20;  // 256 MiB
@@ -287,7 +284,7 @@ void CudaBackend::mhc_site(const MhcShape& shape, const MhcPendingPost* pending,
   require(shape.hc_mult >= 1 && shape.hc_mult <= kMaxHcMult, "mHC with {} streams: the CUDA kernels take 1 to {}",
           shape.hc_mult, kMaxHcMult);
   const DeviceLinear& fn = placed_linear(weights.fn);
-  if (shape.num_tokens > kFusedSiteMaxTokens || fn.plain_data() == nullptr) {
+  if (fn.plain_data() == nullptr) {
     Backend::mhc_site(shape, pending, weights, norm_weight, streams, post, comb, collapsed, normed);
     return;
   }
@@ -365,6 +362,7 @@ void CudaBackend::kda_decode_steps(const KdaDecodeArgs& a, std::span<float* cons
                                                    .dt_bias = a.dt_bias, .bounded = a.lower_bound != nullptr,
                                                    .lower_bound = a.lower_bound ? *a.lower_bound : 0.0f,
                                                    .beta = a.beta, .gate_low = a.gate_low, .g_b = g_b.plain_data(),
+                                                   .round_lows = product_input() == ProductInput::bf16,
                                                    .o_norm = a.o_norm, .eps = a.eps, .out = a.out},
                                conv_states.data(), states.data(), stream_),
         "kda_decode_steps launch");

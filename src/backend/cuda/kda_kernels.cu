@@ -181,17 +181,19 @@ __device__ __forceinline__ void store_columns(const StateColumns<D>& c, float* s
 }
 
 // Token inputs normalised as the delta rule takes them: q / |q| * D^-1/2, k / |k| (eps 1e-6 under the roots), and
-// the decay exp(g), for the lane's key rows (the norms are warp reductions over them).
+// the decay exp(g), for the lane's key rows (the norms are warp reductions over them). Returns k . q, which the
+// delta rule takes so that S^T q need not wait for the state's update (delta_rule_normalised).
 template <int D>
-__device__ __forceinline__ void normalise_token(const TokenInputs<D>& in, float (&q)[rows_per_lane<D>()],
-                                                float (&k)[rows_per_lane<D>()], float (&decay)[rows_per_lane<D>()]) {
+__device__ __forceinline__ float normalise_token(const TokenInputs<D>& in, float (&q)[rows_per_lane<D>()],
+                                                 float (&k)[rows_per_lane<D>()], float (&decay)[rows_per_lane<D>()]) {
   constexpr int kRows = rows_per_lane<D>();
   const float scale = 1.0f / sqrtf(static_cast<float>(D));
-  float qq = 0.0f, kk = 0.0f;
+  float qq = 0.0f, kk = 0.0f, kq = 0.0f;  // the three sums side by side, so that k . q adds no reduction to the chain
 #pragma unroll
   for (int i = 0; i < kRows; ++i) {
     qq += in.q[i] * in.q[i];
     kk += in.k[i] * in.k[i];
+    kq += in.k[i] * in.q[i];
   }
   const float q_norm = sqrtf(warp_sum(qq) + 1e-6f), k_norm = sqrtf(warp_sum(kk) + 1e-6f);
 #pragma unroll
@@ -200,6 +202,7 @@ __device__ __forceinline__ void normalise_token(const TokenInputs<D>& in, float 
     k[i] = in.k[i] / k_norm;
     decay[i] = expf(in.g[i]);
   }
+  return warp_sum(kq) / q_norm * scale / k_norm;
 }
 
 // Sums of the warp's 4 column values v[0..3] over its 32 lanes, as a reduce-scatter: two exchange levels leave lane
@@ -220,48 +223,48 @@ __device__ __forceinline__ float column_sums_scattered(const float (&v)[kColumns
   return sum;
 }
 
-// One token of the delta rule on the warp's columns from normalised inputs. S^T k and S^T q are warp reductions over
-// the key rows, so warps never meet; lanes 8c .. 8c + 7 end holding column column0 + c of the token's output (the
-// return value).
+// One token of the delta rule on the warp's columns from normalised inputs, with kq = k . q. S^T k and S^T q are
+// warp reductions over the key rows, so warps never meet; lanes 8c .. 8c + 7 end holding column column0 + c of the
+// token's output (the return value). The output is (S_d + k delta^T)^T q = S_d^T q + (k . q) delta, S_d the decayed
+// state: both reductions of S_d run side by side, so one reduction's latency, not two, lies on the chain from token
+// to token.
 template <int D>
 __device__ __forceinline__ float delta_rule_normalised(const float (&q)[rows_per_lane<D>()],
                                                        const float (&k)[rows_per_lane<D>()],
-                                                       const float (&decay)[rows_per_lane<D>()],
+                                                       const float (&decay)[rows_per_lane<D>()], float kq,
                                                        const float (&v)[kColumnsPerWarp], float beta,
                                                        StateColumns<D>& state) {
   constexpr int kRows = rows_per_lane<D>();
   constexpr unsigned kAll = 0xFFFFFFFFu;
   const int lane = static_cast<int>(threadIdx.x & 31u), column = lane / 8;
-  float memory[kColumnsPerWarp] = {};
+  float memory[kColumnsPerWarp] = {}, recalled[kColumnsPerWarp] = {};
 #pragma unroll
   for (int i = 0; i < kRows; ++i) {
 #pragma unroll
     for (int j = 0; j < kColumnsPerWarp; ++j) {
       state.S[i][j] *= decay[i];
       memory[j] += state.S[i][j] * k[i];
+      recalled[j] += state.S[i][j] * q[i];
     }
   }
+  const float own_memory = column_sums_scattered(memory, lane), own_recalled = column_sums_scattered(recalled, lane);
   const float own_v = column == 0 ? v[0] : column == 1 ? v[1] : column == 2 ? v[2] : v[3];
-  const float own_delta = (own_v - column_sums_scattered(memory, lane)) * beta;
-  float out[kColumnsPerWarp] = {};
+  const float own_delta = (own_v - own_memory) * beta;
 #pragma unroll
   for (int j = 0; j < kColumnsPerWarp; ++j) {
     const float delta = __shfl_sync(kAll, own_delta, 8 * j);
 #pragma unroll
-    for (int i = 0; i < kRows; ++i) {
-      state.S[i][j] += k[i] * delta;
-      out[j] += state.S[i][j] * q[i];
-    }
+    for (int i = 0; i < kRows; ++i) state.S[i][j] += k[i] * delta;
   }
-  return column_sums_scattered(out, lane);
+  return own_recalled + kq * own_delta;
 }
 
 template <int D>
 __device__ __forceinline__ float delta_rule_token(const TokenInputs<D>& in, StateColumns<D>& state) {
   constexpr int kRows = rows_per_lane<D>();
   float q[kRows], k[kRows], decay[kRows];
-  normalise_token<D>(in, q, k, decay);
-  return delta_rule_normalised<D>(q, k, decay, in.v, in.beta, state);
+  const float kq = normalise_token<D>(in, q, k, decay);
+  return delta_rule_normalised<D>(q, k, decay, kq, in.v, in.beta, state);
 }
 
 // Tokens a block normalises together before stepping through them: every warp of a block works on the same head,
@@ -269,12 +272,28 @@ __device__ __forceinline__ float delta_rule_token(const TokenInputs<D>& in, Stat
 // its 8 warps, which left the recurrence bound on issuing those instructions.
 constexpr int kRecurrentChunk = 32;
 
+// The lane's key rows lane + 32 i of a row of D values in shared memory; rows past D (a head_dim below 32) read
+// `fill`.
+template <int D>
+__device__ __forceinline__ void lane_key_rows(const float (&row)[D], int lane, float fill,
+                                              float (&out)[rows_per_lane<D>()]) {
+#pragma unroll
+  for (int i = 0; i < rows_per_lane<D>(); ++i) out[i] = lane + 32 * i < D ? row[lane + 32 * i] : fill;
+}
+
 // A chunk's normalised inputs as the block shares them: q, k and the decay per token and key row, v of the block's
-// 32 columns, beta.
+// 32 columns, beta and k . q.
 template <int D>
 struct RecurrentChunk {
   float q[kRecurrentChunk][D], k[kRecurrentChunk][D], decay[kRecurrentChunk][D];
-  float v[kRecurrentChunk][kColumnsPerWarp * kWarpsPerBlock], beta[kRecurrentChunk];
+  float v[kRecurrentChunk][kColumnsPerWarp * kWarpsPerBlock], beta[kRecurrentChunk], kq[kRecurrentChunk];
+};
+
+// A chunk's inputs as loaded, before normalising: q, k and g per token and key row, v of the block's 32 columns.
+template <int D>
+struct RecurrentLoads {
+  float q[kRecurrentChunk][D], k[kRecurrentChunk][D], g[kRecurrentChunk][D];
+  float v[kRecurrentChunk][kColumnsPerWarp * kWarpsPerBlock];
 };
 
 // Head blockIdx.x; each warp owns value columns [column0, column0 + 4) and every key row, in registers for the
@@ -292,12 +311,44 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock, 2) kda_recurrent_kernel(K
   float* state = a.state + h * D * D;  // S[c * D + v]
   StateColumns<D> columns{};
   if (owns_columns) columns = load_columns<D>(state, column0, lane);
+  // Warp w normalises tokens w, w + 8, ... of each chunk. Their inputs are copied into shared memory (cp.async;
+  // beta into a register) while the block steps through the chunk before, so that a chunk's start waits on no load.
+  constexpr int kTokensPerWarp = kRecurrentChunk / kWarpsPerBlock;
+  auto& loads = *reinterpret_cast<RecurrentLoads<D>*>(chunk_bytes + sizeof(RecurrentChunk<D>));
+  float loaded_beta[kTokensPerWarp];
+  const auto load_chunk = [&](int64_t c0) {
+#pragma unroll
+    for (int n = 0; n < kTokensPerWarp; ++n) {
+      const int j = warp + n * kWarpsPerBlock;
+      const int64_t t = c0 + j, row = (t * a.num_heads + h) * D;
+      if (t >= a.num_tokens) continue;
+      for (int piece = lane; piece < D / 4; piece += 32) {
+        copy_async_16(&loads.q[j][4 * piece], a.q + row + 4 * piece, true);
+        copy_async_16(&loads.k[j][4 * piece], a.k + row + 4 * piece, true);
+        copy_async_16(&loads.g[j][4 * piece], a.g + row + 4 * piece, true);
+      }
+      if (lane < kBlockColumns / 4 && block_column0 + 4 * lane < D) {
+        copy_async_16(&loads.v[j][4 * lane], a.v + row + block_column0 + 4 * lane, true);
+      }
+      loaded_beta[n] = a.beta[t * a.num_heads + h];
+    }
+    copy_async_commit();
+  };
+  load_chunk(0);
   for (int64_t c0 = 0; c0 < a.num_tokens; c0 += kRecurrentChunk) {
     const int count = static_cast<int>(min(static_cast<int64_t>(kRecurrentChunk), a.num_tokens - c0));
-    for (int j = warp; j < count; j += kWarpsPerBlock) {
-      const int64_t t = c0 + j, row = (t * a.num_heads + h) * D;
+    copy_async_wait_all();
+    __syncwarp();  // the warp's tokens were copied by all its lanes
+#pragma unroll
+    for (int n = 0; n < kTokensPerWarp; ++n) {
+      const int j = warp + n * kWarpsPerBlock;
+      if (j >= count) continue;
+      TokenInputs<D> in{};
+      lane_key_rows<D>(loads.q[j], lane, 0.0f, in.q);
+      lane_key_rows<D>(loads.k[j], lane, 0.0f, in.k);
+      lane_key_rows<D>(loads.g[j], lane, 0.0f, in.g);
       float q[kRows], k[kRows], decay[kRows];
-      normalise_token<D>(load_key_rows<D>(a, t, h, lane), q, k, decay);
+      const float kq = normalise_token<D>(in, q, k, decay);
 #pragma unroll
       for (int i = 0; i < kRows; ++i) {
         if (lane + 32 * i >= D) continue;
@@ -305,23 +356,36 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock, 2) kda_recurrent_kernel(K
         chunk.k[j][lane + 32 * i] = k[i];
         chunk.decay[j][lane + 32 * i] = decay[i];
       }
-      if (block_column0 + lane < D) chunk.v[j][lane] = a.v[row + block_column0 + lane];
-      if (lane == 0) chunk.beta[j] = a.beta[t * a.num_heads + h];
+      if (block_column0 + lane < D) chunk.v[j][lane] = loads.v[j][lane];
+      if (lane == 0) {
+        chunk.beta[j] = loaded_beta[n];
+        chunk.kq[j] = kq;
+      }
     }
-    __syncthreads();
+    __syncthreads();  // the chunk normalised, and every warp done with `loads`
+    if (c0 + kRecurrentChunk < a.num_tokens) load_chunk(c0 + kRecurrentChunk);
     if (owns_columns) {
+      // Token j + 1's inputs are read from shared memory while token j steps, off the chain from token to token.
+      struct Token {
+        float q[kRows], k[kRows], decay[kRows], v[kColumnsPerWarp], kq, beta;
+      };
+      const auto read = [&](int j) {
+        Token token;
+        lane_key_rows<D>(chunk.q[j], lane, 0.0f, token.q);
+        lane_key_rows<D>(chunk.k[j], lane, 0.0f, token.k);
+        lane_key_rows<D>(chunk.decay[j], lane, 1.0f, token.decay);
+#pragma unroll
+        for (int c = 0; c < kColumnsPerWarp; ++c) token.v[c] = chunk.v[j][warp * kColumnsPerWarp + c];
+        token.kq = chunk.kq[j];
+        token.beta = chunk.beta[j];
+        return token;
+      };
+      Token next = read(0);
       for (int j = 0; j < count; ++j) {
-        float q[kRows], k[kRows], decay[kRows], v[kColumnsPerWarp];
-#pragma unroll
-        for (int i = 0; i < kRows; ++i) {
-          const bool held = lane + 32 * i < D;
-          q[i] = held ? chunk.q[j][lane + 32 * i] : 0.0f;
-          k[i] = held ? chunk.k[j][lane + 32 * i] : 0.0f;
-          decay[i] = held ? chunk.decay[j][lane + 32 * i] : 1.0f;
-        }
-#pragma unroll
-        for (int c = 0; c < kColumnsPerWarp; ++c) v[c] = chunk.v[j][warp * kColumnsPerWarp + c];
-        const float out = delta_rule_normalised<D>(q, k, decay, v, chunk.beta[j], columns);
+        const Token token = next;
+        if (j + 1 < count) next = read(j + 1);
+        const float out =
+            delta_rule_normalised<D>(token.q, token.k, token.decay, token.kq, token.v, token.beta, columns);
         if (lane % 8 == 0) a.out[((c0 + j) * a.num_heads + h) * D + column0 + lane / 8] = out;
       }
     }
@@ -369,7 +433,10 @@ __global__ void __launch_bounds__(8 * D) kda_decode_kernel(KdaDecodeDeviceArgs a
     float* conv_state = states.conv[s] + part * (a.conv_kernel - 1) * C;
     conv_channel(x + s * C, 0, 1, C, h * D + c, a.conv_kernel, weight, conv_state, &qkv[tid], 0, true);
   }
-  if (tid < 2 * D) lows[tid] = tid < D ? a.f_low[s * D + tid] : a.gate_low[s * D + tid - D];
+  if (tid < 2 * D) {
+    const float low = tid < D ? a.f_low[s * D + tid] : a.gate_low[s * D + tid - D];
+    lows[tid] = a.round_lows ? __bfloat162float(__float2bfloat16_rn(low)) : low;
+  }
   copy_async_wait_all();
   __syncthreads();
 
@@ -447,7 +514,7 @@ namespace {
 
 bool head_dim_ok(int64_t D) { return D == 16 || D == 32 || D == 64 || D == 128; }
 
-bool aligned_state(const float* state) { return reinterpret_cast<uintptr_t>(state) % 16 == 0; }
+bool aligned_16(const float* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 template <int D>
 cudaError_t launch_decode_kernel(dim3 grid, const KdaDecodeDeviceArgs& args, const DecodeStates& states,
@@ -460,7 +527,10 @@ cudaError_t launch_decode_kernel(dim3 grid, const KdaDecodeDeviceArgs& args, con
 }  // namespace
 
 cudaError_t kda_recurrent(const KdaDeviceArgs& args, cudaStream_t stream) {
-  if (!head_dim_ok(args.head_dim) || !aligned_state(args.state)) return cudaErrorInvalidValue;
+  // The rows of q, k, g and v are copied 16 bytes at a time.
+  const bool aligned = aligned_16(args.state) && aligned_16(args.q) && aligned_16(args.k) &&
+                       aligned_16(args.g) && aligned_16(args.v);
+  if (!head_dim_ok(args.head_dim) || !aligned) return cudaErrorInvalidValue;
   if (args.num_tokens == 0 || args.num_heads == 0) return cudaSuccess;
   constexpr int64_t kBlockColumns = kColumnsPerWarp * kWarpsPerBlock;
   const dim3 grid(static_cast<unsigned>(args.num_heads),
@@ -471,10 +541,10 @@ cudaError_t kda_recurrent(const KdaDeviceArgs& args, cudaStream_t stream) {
     return cudaGetLastError();
   };
   switch (args.head_dim) {
-    case 16: return launch(kda_recurrent_kernel<16>, sizeof(RecurrentChunk<16>));
-    case 32: return launch(kda_recurrent_kernel<32>, sizeof(RecurrentChunk<32>));
-    case 64: return launch(kda_recurrent_kernel<64>, sizeof(RecurrentChunk<64>));
-    default: return launch(kda_recurrent_kernel<128>, sizeof(RecurrentChunk<128>));
+    case 16: return launch(kda_recurrent_kernel<16>, sizeof(RecurrentChunk<16>) + sizeof(RecurrentLoads<16>));
+    case 32: return launch(kda_recurrent_kernel<32>, sizeof(RecurrentChunk<32>) + sizeof(RecurrentLoads<32>));
+    case 64: return launch(kda_recurrent_kernel<64>, sizeof(RecurrentChunk<64>) + sizeof(RecurrentLoads<64>));
+    default: return launch(kda_recurrent_kernel<128>, sizeof(RecurrentChunk<128>) + sizeof(RecurrentLoads<128>));
   }
 }
 
@@ -484,7 +554,7 @@ cudaError_t kda_decode_steps(const KdaDecodeDeviceArgs& args, float* const* conv
     return cudaErrorInvalidValue;
   }
   for (int64_t s = 0; s < args.num_sequences; ++s) {
-    if (!aligned_state(states[s])) return cudaErrorInvalidValue;
+    if (!aligned_16(states[s])) return cudaErrorInvalidValue;
   }
   if (args.num_heads == 0) return cudaSuccess;
   for (int64_t first = 0; first < args.num_sequences; first += kMaxStepSequences) {

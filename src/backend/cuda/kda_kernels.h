@@ -41,6 +41,7 @@ struct KdaDecodeDeviceArgs {
   const float* beta;  // [S, heads] write-strength logits (read only)
   const float* gate_low;  // [S, head_dim] the output gate's first projection
   const void* g_b;        // bf16 [heads * head_dim, head_dim], its second
+  bool round_lows;        // f_low and gate_low rounded to bf16 before their products (ProductInput::bf16)
   const float* o_norm;
   float eps;
   float* out;  // [S, heads * head_dim]
@@ -67,7 +68,7 @@ cudaError_t kda_gate(const float* f, int64_t num_tokens, int64_t num_heads, int6
 
 // The gated delta rule token by token, per head: q, k L2-normalised (eps 1e-6), q scaled by head_dim^-1/2;
 // S = diag(exp(g)) S; delta = (v - S^T k) * beta; S += k delta^T; out = S^T q. head_dim must be 16, 32, 64 or 128
-// (the model uses 128, the test fixtures 16) and state 16-byte aligned, else cudaErrorInvalidValue.
+// (the model uses 128, the test fixtures 16) and state, q, k, g and v 16-byte aligned, else cudaErrorInvalidValue.
 cudaError_t kda_recurrent(const KdaDeviceArgs& args, cudaStream_t stream);
 
 // A decode step of the KDA block after its projections (Backend::kda_decode_steps) in one launch per 64 sequences:

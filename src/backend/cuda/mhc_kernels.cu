@@ -1,11 +1,13 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <type_traits>
 
 #include "backend/cuda/block_reduce.cuh"
 #include "backend/cuda/dependent_launch.cuh"
+#include "backend/cuda/dynamic_shared.cuh"
 #include "backend/cuda/mhc_kernels.h"
 
 namespace kestrel::cuda {
@@ -198,6 +200,208 @@ __global__ void __launch_bounds__(kThreads) mhc_site_shares_kernel(MhcSiteArgs a
   }
 }
 
+// Up to this many tokens a site runs a block per (slice, token); above, tiles of tokens (mhc_site).
+constexpr int64_t kOneTokenSiteMaxTokens = 16;
+// Tokens of a block of the tiled first launch (mhc_tile_shares_kernel): each of its threads multiplies one token's
+// stream with fn, so fn's slice is read from shared memory once per tile of tokens rather than once per token.
+constexpr int kTileTokens = 64;
+constexpr int kTileRow = kMaxHcMult * kSiteChannels + 1;  // floats per token's row: lanes (tokens) in distinct banks
+constexpr int kTileReduceRow = kMaxSiteMix + kMaxHcMult + 1;  // a thread's sums: mixes, then <x_i, x_j> for j >= i
+constexpr int kTileFnFloats = kMaxHcMult * kSiteChannels * kMaxSiteMix;
+constexpr int kTileMixFloats = kTileTokens * (kMaxHcMult * kMaxHcMult + kMaxHcMult);  // pending comb and post
+// Elements of the tile a thread post-mixes at once (tile pairs of (token, channel), all hc streams): their loads are
+// in flight together.
+constexpr int kTilePairsAtOnce = 8;
+
+size_t tile_shared_bytes() {
+  const size_t tile = size_t{kTileTokens} * kTileRow, reduce = size_t{kTileTokens} * kMaxHcMult * kTileReduceRow;
+  return (kTileFnFloats + kTileMixFloats + std::max(tile, reduce)) * sizeof(float);
+}
+
+// The site's first launch for many tokens, grid (slices, token tiles): what mhc_site_shares_kernel computes, with
+// the arithmetic arranged for a tile of 64 tokens. The block stages fn's slice (loaded before waiting: no kernel
+// writes it) and the tokens' pending comb and post, applies the pending post-mix to its 64 tokens x hc streams x 64
+// channels and keeps them in shared memory; then sums fn . x_i and <x_i, x_j>, j >= i, over the slice's 64 channels
+// per token and stream i, and adds the streams' sums in stream order. Its shares go to partials[t, slice, row] (a
+// token's rows adjacent, so that the block's writes fill whole sectors: [t, row, slice], the few-token layout, cost
+// the site more in partly written sectors than the products).
+template <typename W>
+__global__ void __launch_bounds__(kThreads, 2) mhc_tile_shares_kernel(MhcSiteArgs a) {
+  // Index arithmetic in 32 bits where it fits (a tile's offsets), 64 only for addresses into the call's arrays: the
+  // kernel is bound on issuing instructions.
+  extern __shared__ __align__(16) float tile_shared[];
+  float* fn_slice = tile_shared;                   // [stream][channel][kMaxSiteMix]
+  float* pending = fn_slice + kTileFnFloats;       // [token][comb hc x hc, then post hc]
+  float* tile = pending + kTileMixFloats;          // [token][stream * 64 + channel]
+  float* sums = tile;  // [token][stream][kTileReduceRow], once the tile has been read
+  __shared__ int gram_source[kMaxShareRows];       // a Gram row's place in a token's sums
+  const int tid = static_cast<int>(threadIdx.x), slice = static_cast<int>(blockIdx.x);
+  const int slices = static_cast<int>(gridDim.x);
+  const int64_t t0 = static_cast<int64_t>(blockIdx.y) * kTileTokens, D = a.hidden, width = a.hc_mult * D;
+  const int hc = static_cast<int>(a.hc_mult), mix = (2 + hc) * hc, rows = share_rows(hc);
+  const int d0 = slice * kSiteChannels, channels = static_cast<int>(min(static_cast<int64_t>(kSiteChannels), D - d0));
+  const int tokens = static_cast<int>(min(static_cast<int64_t>(kTileTokens), a.num_tokens - t0));
+  const bool has_pending = a.pending_post != nullptr;
+
+  // fn's slice: every load issued, then stored.
+  constexpr int kFnPerThread = kTileFnFloats / kThreads;
+  const auto* fn = static_cast<const W*>(a.fn);
+  float fn_values[kFnPerThread];
+#pragma unroll
+  for (int n = 0; n < kFnPerThread; ++n) {
+    const int i = tid + n * kThreads, c = i % kSiteChannels;
+    const int stream = i / kSiteChannels % kMaxHcMult, r = i / (kSiteChannels * kMaxHcMult);
+    fn_values[n] = r < mix && stream < hc && c < channels ? weight_value(fn, r * width + stream * D + d0 + c) : 0.0f;
+  }
+#pragma unroll
+  for (int n = 0; n < kFnPerThread; ++n) {
+    const int i = tid + n * kThreads, c = i % kSiteChannels;
+    const int stream = i / kSiteChannels % kMaxHcMult, r = i / (kSiteChannels * kMaxHcMult);
+    fn_slice[(stream * kSiteChannels + c) * kMaxSiteMix + r] = fn_values[n];
+  }
+  if (tid >= mix && tid < rows) {
+    const int r = tid;
+    int i = 0;
+    while (gram_row(hc, i, hc - 1) < r) ++i;
+    gram_source[r] = i * kTileReduceRow + kMaxSiteMix + i + (r - gram_row(hc, i, i));
+  }
+  wait_for_previous_grid();
+
+  constexpr int kPendingRow = kMaxHcMult * kMaxHcMult + kMaxHcMult;
+  if (has_pending) {
+    for (int i = tid; i < tokens * kPendingRow; i += kThreads) {
+      const int local = i / kPendingRow, e = i % kPendingRow;
+      const int64_t t = t0 + local;
+      float v = 0.0f;
+      if (e < hc * hc) {
+        v = a.pending_comb[t * hc * hc + e];
+      } else if (e >= kMaxHcMult * kMaxHcMult && e - kMaxHcMult * kMaxHcMult < hc) {
+        v = a.pending_post[t * hc + e - kMaxHcMult * kMaxHcMult];
+      }
+      pending[i] = v;
+    }
+  }
+  __syncthreads();
+
+  // A warp takes 32 channels of one token: each thread post-mixes its channel's hc streams (mhc_post's order),
+  // kTilePairsAtOnce (token, channel) pairs at a time.
+  constexpr int kPairs = kTileTokens * kSiteChannels;
+  static_assert(kPairs % (kThreads * kTilePairsAtOnce) == 0, "whole rounds of pairs");
+  for (int first = tid; first < kPairs; first += kThreads * kTilePairsAtOnce) {
+    float in[kTilePairsAtOnce][kMaxHcMult] = {}, y[kTilePairsAtOnce] = {};
+#pragma unroll
+    for (int n = 0; n < kTilePairsAtOnce; ++n) {
+      const int p = first + n * kThreads, local = p / kSiteChannels, c = p % kSiteChannels;
+      if (local >= tokens || c >= channels) continue;
+      const float* x = a.streams + (t0 + local) * width + d0 + c;
+#pragma unroll
+      for (int i = 0; i < kMaxHcMult; ++i) {
+        if (i < hc) in[n][i] = x[i * D];
+      }
+      if (has_pending) y[n] = a.pending_block_out[(t0 + local) * D + d0 + c];
+    }
+#pragma unroll
+    for (int n = 0; n < kTilePairsAtOnce; ++n) {
+      const int p = first + n * kThreads, local = p / kSiteChannels, c = p % kSiteChannels;
+      if (has_pending && local < tokens && c < channels) {
+        const float* token_pending = pending + local * kPendingRow;
+        float mixed[kMaxHcMult];
+#pragma unroll
+        for (int j = 0; j < kMaxHcMult; ++j) {
+          if (j < hc) {
+            mixed[j] = post_mixed(token_pending, hc, j, in[n], 1, token_pending[kMaxHcMult * kMaxHcMult + j], y[n]);
+          }
+        }
+        float* x = a.streams + (t0 + local) * width + d0 + c;
+#pragma unroll
+        for (int j = 0; j < kMaxHcMult; ++j) {
+          if (j < hc) x[j * D] = in[n][j] = mixed[j];
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < kMaxHcMult; ++i) tile[local * kTileRow + i * kSiteChannels + c] = in[n][i];
+    }
+  }
+  __syncthreads();
+
+  // fn . x_i: stream i = threadIdx.x / 64's 64 threads hold 4 x 6 tiles of (tokens, mix rows), tokens g + 16 u
+  // (g = threadIdx.x % 16) and rows 6 (threadIdx.x % 64 / 16) + v: each x and fn value read serves 6 or 4 products.
+  // <x_i, x_j>, j >= i: thread (token threadIdx.x % 64, stream i).
+  constexpr int kTileTokenGroups = 16, kTileRowsPerThread = kMaxSiteMix / 4;
+  const int stream = tid / kTileTokens, token_group = tid % kTileTokenGroups;
+  const int row_group = tid % kTileTokens / kTileTokenGroups, local = tid % kTileTokens;
+  const bool active = stream < hc;
+  float mixes[kTileTokens / kTileTokenGroups][kTileRowsPerThread] = {}, gram[kMaxHcMult] = {};
+  if (active) {
+    const float* weights = fn_slice + stream * kSiteChannels * kMaxSiteMix + row_group * kTileRowsPerThread;
+    const float* columns = tile + token_group * kTileRow + stream * kSiteChannels;
+#pragma unroll 2
+    for (int c = 0; c < kSiteChannels; ++c) {
+      float x[kTileTokens / kTileTokenGroups], w[kTileRowsPerThread];
+#pragma unroll
+      for (int u = 0; u < kTileTokens / kTileTokenGroups; ++u) x[u] = columns[u * kTileTokenGroups * kTileRow + c];
+#pragma unroll
+      for (int v = 0; v < kTileRowsPerThread; ++v) w[v] = weights[c * kMaxSiteMix + v];
+#pragma unroll
+      for (int u = 0; u < kTileTokens / kTileTokenGroups; ++u) {
+#pragma unroll
+        for (int v = 0; v < kTileRowsPerThread; ++v) mixes[u][v] += w[v] * x[u];
+      }
+    }
+    const float* row = tile + local * kTileRow;
+#pragma unroll 4
+    for (int c = 0; c < kSiteChannels; ++c) {
+      const float x = row[stream * kSiteChannels + c];
+#pragma unroll
+      for (int j = 0; j < kMaxHcMult; ++j) {
+        if (j >= stream && j < hc) gram[j] += x * row[j * kSiteChannels + c];
+      }
+    }
+  }
+  __syncthreads();  // the tile is read: its memory now takes the sums
+  if (active) {
+#pragma unroll
+    for (int u = 0; u < kTileTokens / kTileTokenGroups; ++u) {
+      float* own = sums + ((token_group + u * kTileTokenGroups) * kMaxHcMult + stream) * kTileReduceRow;
+#pragma unroll
+      for (int v = 0; v < kTileRowsPerThread; ++v) own[row_group * kTileRowsPerThread + v] = mixes[u][v];
+    }
+    float* own = sums + (local * kMaxHcMult + stream) * kTileReduceRow;
+#pragma unroll
+    for (int j = 0; j < kMaxHcMult; ++j) own[kMaxSiteMix + j] = gram[j];
+  }
+  __syncthreads();
+  // Warp w writes tokens w, w + 8, ...: lane r row r (and r + 32), the mix rows the streams' sums in stream order.
+  const int warp = tid / 32, lane = tid % 32;
+  for (int token = warp; token < tokens; token += kThreads / 32) {
+    const float* token_sums = sums + token * kMaxHcMult * kTileReduceRow;
+    float* out = a.partials + ((t0 + token) * slices + slice) * rows;
+    for (int r = lane; r < rows; r += 32) {
+      float total = 0.0f;
+      if (r < mix) {
+        for (int i = 0; i < hc; ++i) total += token_sums[i * kTileReduceRow + r];
+      } else {
+        total = token_sums[gram_source[r]];
+      }
+      out[r] = total;
+    }
+  }
+}
+
+// 1 / rms of the collapsed stream sum_i pre_i x_i from the site's totals: its sum of squares is
+// sum_ij pre_i pre_j <x_i, x_j>, summed in double (the cross terms may cancel).
+__device__ __forceinline__ float collapsed_inv_norm(const float* totals, const float* pre, int64_t hc, int64_t D,
+                                                    float rms_eps) {
+  double collapsed_squares = 0.0;
+  for (int64_t i = 0; i < hc; ++i) {
+    for (int64_t j = 0; j < hc; ++j) {
+      const float gram = totals[i <= j ? gram_row(hc, i, j) : gram_row(hc, j, i)];
+      collapsed_squares += static_cast<double>(pre[i]) * pre[j] * gram;
+    }
+  }
+  return 1.0f / sqrtf(static_cast<float>(collapsed_squares) / static_cast<float>(D) + rms_eps);
+}
+
 // The site's second launch, same grid: every block sums the token's shares in slice order (so every block holds the
 // same totals), collapses its 64 channels with the pre weights and normalises them with the rms that pre^T G pre
 // gives; slice 0's first warp computes post and comb meanwhile.
@@ -257,18 +461,86 @@ __global__ void __launch_bounds__(kThreads) mhc_site_collapse_kernel(MhcSiteArgs
   for (int i = 0; i < kMaxHcMult; ++i) {
     if (i < hc) collapsed += pre[i] * x[i * D + d];
   }
-  // The collapsed stream's sum of squares, sum_ij pre_i pre_j <x_i, x_j>, in double: the cross terms may cancel.
-  double collapsed_squares = 0.0;
-  for (int64_t i = 0; i < hc; ++i) {
-    for (int64_t j = 0; j < hc; ++j) {
-      const float gram = totals[i <= j ? gram_row(hc, i, j) : gram_row(hc, j, i)];
-      collapsed_squares += static_cast<double>(pre[i]) * pre[j] * gram;
-    }
-  }
-  const float inv_norm =
-      1.0f / sqrtf(static_cast<float>(collapsed_squares) / static_cast<float>(D) + a.rms_eps);
+  const float inv_norm = collapsed_inv_norm(totals, pre, hc, D, a.rms_eps);
   a.collapsed[t * D + d] = collapsed;
   a.normed[t * D + d] = norm_weight * (collapsed * inv_norm);
+}
+
+// Channels of its token a lane of mhc_tile_collapse_kernel loads at once.
+constexpr int kTileCollapseBatch = 8;
+
+// The many-token site's second launch: a warp per token, 8 tokens a block. The warp sums the token's shares
+// (partials[t, slice, row]) in slice order (lane l adds slices l, l + 32, ..., then the butterfly, eight rows at a
+// time), computes the pre weights, collapses and normalises the token's channels (lane l channels l, l + 32, ...,
+// kTileCollapseBatch at once), then post and comb (site_weights_by_warp): each token's totals are summed once, and
+// the Sinkhorn passes of a block's tokens run side by side.
+__global__ void __launch_bounds__(kThreads) mhc_tile_collapse_kernel(MhcSiteArgs a, int64_t slices) {
+  constexpr int kWarps = kThreads / 32;
+  __shared__ float token_totals[kWarps][kMaxShareRows];
+  __shared__ float token_mixes[kWarps][kMaxSiteMix];
+  const int warp = static_cast<int>(threadIdx.x / 32), lane = static_cast<int>(threadIdx.x & 31u);
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * kWarps + warp;
+  const int64_t hc = a.hc_mult, D = a.hidden, mix = (2 + hc) * hc, width = hc * D, rows = share_rows(hc);
+  wait_for_previous_grid();
+  if (t >= a.num_tokens) return;
+  float* totals = token_totals[warp];
+  float* mixes = token_mixes[warp];
+  const float* shares = a.partials + t * rows * slices;
+  constexpr int kRowsAtOnce = 8;
+  for (int64_t r0 = 0; r0 < rows; r0 += kRowsAtOnce) {
+    float sums[kRowsAtOnce] = {};
+    for (int64_t s0 = 0; s0 < slices; s0 += 32) {
+#pragma unroll
+      for (int j = 0; j < kRowsAtOnce; ++j) {
+        if (r0 + j < rows && s0 + lane < slices) sums[j] += shares[(s0 + lane) * rows + r0 + j];
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kRowsAtOnce; ++j) {
+      const float sum = warp_sum(sums[j]);
+      if (lane == 0 && r0 + j < rows) totals[r0 + j] = sum;
+    }
+  }
+  __syncwarp();
+  float squares = 0.0f;
+  for (int64_t i = 0; i < hc; ++i) squares += totals[gram_row(hc, i, i)];
+  const float inv_rms = 1.0f / sqrtf(squares / static_cast<float>(width) + a.rms_eps);
+  if (lane < mix) mixes[lane] = totals[lane] * inv_rms;
+  __syncwarp();
+  float pre[kMaxHcMult] = {};
+#pragma unroll
+  for (int i = 0; i < kMaxHcMult; ++i) {
+    if (i < hc) pre[i] = pre_weight(mixes, a.base, a.scale, a.hc_eps, i);
+  }
+  const float inv_norm = collapsed_inv_norm(totals, pre, hc, D, a.rms_eps);
+
+  const float* x = a.streams + t * width;
+  for (int64_t first_d = lane; first_d < D; first_d += 32 * kTileCollapseBatch) {
+    float x_d[kTileCollapseBatch][kMaxHcMult] = {}, norm_weight[kTileCollapseBatch];
+#pragma unroll
+    for (int u = 0; u < kTileCollapseBatch; ++u) {
+      const int64_t d = first_d + 32 * u;
+      norm_weight[u] = d < D && a.norm_weight != nullptr ? a.norm_weight[d] : 1.0f;
+#pragma unroll
+      for (int i = 0; i < kMaxHcMult; ++i) {
+        if (d < D && i < hc) x_d[u][i] = x[i * D + d];
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kTileCollapseBatch; ++u) {
+      const int64_t d = first_d + 32 * u;
+      if (d >= D) break;
+      float collapsed = 0.0f;
+#pragma unroll
+      for (int i = 0; i < kMaxHcMult; ++i) {
+        if (i < hc) collapsed += pre[i] * x_d[u][i];
+      }
+      a.collapsed[t * D + d] = collapsed;
+      a.normed[t * D + d] = norm_weight[u] * (collapsed * inv_norm);
+    }
+  }
+  site_weights_by_warp(mixes, a.base, a.scale, static_cast<int>(hc), a.hc_eps, a.sinkhorn_iters, nullptr,
+                       a.comb + t * hc * hc, a.post + t * hc);
 }
 
 int64_t site_slices(int64_t hidden) { return (hidden + kSiteChannels - 1) / kSiteChannels; }
@@ -303,24 +575,44 @@ cudaError_t mhc_site(const MhcSiteArgs& a, cudaStream_t stream) {
     return cudaErrorInvalidValue;
   }
   if (a.num_tokens == 0) return cudaSuccess;
-  const dim3 grid(static_cast<unsigned>(site_slices(a.hidden)), static_cast<unsigned>(a.num_tokens));
+  const int64_t slices = site_slices(a.hidden);
+  const auto tokens = static_cast<unsigned>(a.num_tokens);
+  // A few tokens: a block per (slice, token) in both launches, the most blocks for the GPU. Many: tiles of tokens
+  // for the shares and a warp per token for the collapse, which then sums each token's shares once rather than once
+  // per slice.
+  const bool tiled = a.num_tokens > kOneTokenSiteMaxTokens;
+  const auto launch_shares = [&](auto one_token_kernel, auto tile_kernel) {
+    if (!tiled) {
+      return launch_dependent(one_token_kernel, dim3(static_cast<unsigned>(slices), tokens), dim3(kThreads), 0, stream,
+                              a);
+    }
+    const size_t shared = tile_shared_bytes();
+    if (const cudaError_t status = allow_shared(tile_kernel, shared); status != cudaSuccess) return status;
+    const auto tiles = static_cast<unsigned>((a.num_tokens + kTileTokens - 1) / kTileTokens);
+    return launch_dependent(tile_kernel, dim3(static_cast<unsigned>(slices), tiles), dim3(kThreads), shared, stream, a);
+  };
   // Dependent launches: the shares' fn loads overlap the previous kernel's tail, the collapse's start the shares'.
   cudaError_t status = cudaErrorInvalidValue;
   switch (a.fn_type) {
     case DenseWeightType::f32:
-      status = launch_dependent(mhc_site_shares_kernel<float>, grid, dim3(kThreads), 0, stream, a);
+      status = launch_shares(mhc_site_shares_kernel<float>, mhc_tile_shares_kernel<float>);
       break;
     case DenseWeightType::f16:
-      status = launch_dependent(mhc_site_shares_kernel<__half>, grid, dim3(kThreads), 0, stream, a);
+      status = launch_shares(mhc_site_shares_kernel<__half>, mhc_tile_shares_kernel<__half>);
       break;
     case DenseWeightType::bf16:
-      status = launch_dependent(mhc_site_shares_kernel<__nv_bfloat16>, grid, dim3(kThreads), 0, stream, a);
+      status = launch_shares(mhc_site_shares_kernel<__nv_bfloat16>, mhc_tile_shares_kernel<__nv_bfloat16>);
       break;
     case DenseWeightType::f8_e4m3:
       break;
   }
   if (status != cudaSuccess) return status;
-  return launch_dependent(mhc_site_collapse_kernel, grid, dim3(kThreads), 0, stream, a);
+  if (!tiled) {
+    return launch_dependent(mhc_site_collapse_kernel, dim3(static_cast<unsigned>(slices), tokens), dim3(kThreads), 0,
+                            stream, a);
+  }
+  const auto blocks = static_cast<unsigned>((a.num_tokens + kThreads / 32 - 1) / (kThreads / 32));
+  return launch_dependent(mhc_tile_collapse_kernel, dim3(blocks), dim3(kThreads), 0, stream, a, slices);
 }
 
 }  // namespace kestrel::cuda

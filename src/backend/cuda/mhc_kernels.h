@@ -34,14 +34,14 @@ cudaError_t mhc_mix(const MhcMixArgs& args, cudaStream_t stream);
 cudaError_t mhc_post(const float* post, const float* comb, const float* block_out, int64_t num_tokens,
                      int64_t hc_mult, int64_t hidden, float* streams, cudaStream_t stream);
 
-// One whole mHC site in two launches (Backend::mhc_site), for decode: the pending post-mix (when pending_post is
-// set), the pre-mix and the RMS norm of the collapsed input. The first launch has a block per (64-channel slice,
-// token) update its slice of the streams in place and write its shares of fn · streams and of the streams' Gram
-// matrix; fn · (streams / rms) is (fn · streams) / rms, so the norm needs no pass of its own. The second, on the same
-// grid, has every block sum the token's shares in slice order, compute the pre weights as mhc_mix does, collapse its
-// slice and normalise it by the rms that the Gram matrix gives; one block computes post and comb. fn is read once per
-// token, so long prefill calls belong on the three-launch path.
-
+// One whole mHC site in two launches (Backend::mhc_site): the pending post-mix (when pending_post is set), the
+// pre-mix and the RMS norm of the collapsed input. The first launch updates the streams in place and writes each
+// 64-channel slice's shares of fn · streams and of the streams' Gram matrix; fn · (streams / rms) is
+// (fn · streams) / rms, so the norm needs no pass of its own. The second sums a token's shares in slice order,
+// computes the pre weights as mhc_mix does, collapses the streams and normalises the result by the rms that the Gram
+// matrix gives; one block a token computes post and comb. Up to 16 tokens both launches run a block per (slice,
+// token), fn's slice in each block's registers; above, the first runs tiles of 64 tokens a slice (fn's slice read
+// once a tile) and the second three blocks per token (of 4,096 channels).
 struct MhcSiteArgs {
   int64_t num_tokens = 0, hc_mult = 0, hidden = 0;
   float rms_eps = 0.0f, hc_eps = 0.0f;

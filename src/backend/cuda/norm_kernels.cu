@@ -44,6 +44,53 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// Rows of at most 32 * kWarpHeld elements take a warp each (8 rows a block): a block per row of the KDA output gate's
+// 128-element heads left most of its threads idle and the GPU scheduling 64 tiny blocks per token. The lane holds
+// elements lane + 32 k.
+constexpr int kWarpHeld = 16;
+constexpr int kRowsPerBlock = kThreads / 32;
+
+__global__ void __launch_bounds__(kThreads) rms_norm_warp_rows(const float* x, int64_t rows, int64_t n,
+                                                               const float* weight, const float* gate, float eps,
+                                                               float* y) {
+  wait_for_previous_grid();
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
+  const int lane = static_cast<int>(threadIdx.x & 31u);
+  if (row >= rows) return;
+  const float* in = x + row * n;
+  float held[kWarpHeld];
+  float sum_squares = 0.0f;
+#pragma unroll
+  for (int k = 0; k < kWarpHeld; ++k) {
+    const int64_t i = lane + 32 * k;
+    held[k] = i < n ? in[i] : 0.0f;
+    sum_squares += held[k] * held[k];
+  }
+  const float inv_rms = 1.0f / sqrtf(warp_sum(sum_squares) / static_cast<float>(n) + eps);
+#pragma unroll
+  for (int k = 0; k < kWarpHeld; ++k) {
+    const int64_t i = lane + 32 * k;
+    if (i >= n) break;
+    float v = (weight ? weight[i] : 1.0f) * (held[k] * inv_rms);
+    if (gate) v *= 1.0f / (1.0f + expf(-gate[row * n + i]));
+    y[row * n + i] = v;
+  }
+}
+
+// The RMS norm of `rows` rows of n: a warp a row for short rows, else a block a row.
+cudaError_t launch_rms_norm(const float* x, int64_t rows, int64_t n, const float* weight, const float* gate, float eps,
+                            float* y, cudaStream_t stream) {
+  if (rows == 0) return cudaSuccess;
+  // Dependent launches (the norms feed linears): the next kernel's start overlaps this one.
+  if (n <= 32 * kWarpHeld) {
+    const auto blocks = static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock);
+    return launch_dependent(rms_norm_warp_rows, dim3(blocks), dim3(kThreads), 0, stream, x, rows, n, weight, gate, eps,
+                            y);
+  }
+  return launch_dependent(rms_norm_rows, dim3(static_cast<unsigned>(rows)), dim3(kThreads), 0, stream, x, n, weight,
+                          gate, eps, y);
+}
+
 __global__ void __launch_bounds__(kThreads)
     layer_norm_rows(const float* x, int64_t n, const float* weight, const float* bias, float eps, float* y) {
   wait_for_previous_grid();
@@ -64,10 +111,7 @@ __global__ void __launch_bounds__(kThreads)
 
 cudaError_t rms_norm(const float* x, int64_t rows, int64_t n, const float* weight, float eps, float* y,
                      cudaStream_t stream) {
-  if (rows == 0) return cudaSuccess;
-  // Dependent launches (the norms feed linears): the next kernel's start overlaps this one.
-  return launch_dependent(rms_norm_rows, dim3(static_cast<unsigned>(rows)), dim3(kThreads), 0, stream, x, n, weight,
-                          static_cast<const float*>(nullptr), eps, y);
+  return launch_rms_norm(x, rows, n, weight, nullptr, eps, y, stream);
 }
 
 cudaError_t layer_norm(const float* x, int64_t rows, int64_t n, const float* weight, const float* bias, float eps,
@@ -79,9 +123,7 @@ cudaError_t layer_norm(const float* x, int64_t rows, int64_t n, const float* wei
 
 cudaError_t gated_rms_norm(const float* x, const float* gate, int64_t rows, int64_t n, const float* weight, float eps,
                            float* y, cudaStream_t stream) {
-  if (rows == 0) return cudaSuccess;
-  return launch_dependent(rms_norm_rows, dim3(static_cast<unsigned>(rows)), dim3(kThreads), 0, stream, x, n, weight,
-                          gate, eps, y);
+  return launch_rms_norm(x, rows, n, weight, gate, eps, y, stream);
 }
 
 }  // namespace kestrel::cuda
