@@ -202,8 +202,8 @@ __global__ void __launch_bounds__(kThreads) mhc_site_shares_kernel(MhcSiteArgs a
 
 // Up to this many tokens a site runs a block per (slice, token); above, tiles of tokens (mhc_site).
 constexpr int64_t kOneTokenSiteMaxTokens = 16;
-// Tokens of a block of the tiled first launch (mhc_tile_shares_kernel): each of its threads multiplies one token's
-// stream with fn, so fn's slice is read from shared memory once per tile of tokens rather than once per token.
+// Tokens of a block of the tiled first launch (mhc_tile_shares_kernel): fn's slice is staged in shared memory once a
+// tile of tokens rather than read once per token.
 constexpr int kTileTokens = 64;
 constexpr int kTileRow = kMaxHcMult * kSiteChannels + 1;  // floats per token's row: lanes (tokens) in distinct banks
 constexpr int kTileReduceRow = kMaxSiteMix + kMaxHcMult + 1;  // a thread's sums: mixes, then <x_i, x_j> for j >= i

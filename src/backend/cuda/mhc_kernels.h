@@ -39,9 +39,9 @@ cudaError_t mhc_post(const float* post, const float* comb, const float* block_ou
 // 64-channel slice's shares of fn · streams and of the streams' Gram matrix; fn · (streams / rms) is
 // (fn · streams) / rms, so the norm needs no pass of its own. The second sums a token's shares in slice order,
 // computes the pre weights as mhc_mix does, collapses the streams and normalises the result by the rms that the Gram
-// matrix gives; one block a token computes post and comb. Up to 16 tokens both launches run a block per (slice,
-// token), fn's slice in each block's registers; above, the first runs tiles of 64 tokens a slice (fn's slice read
-// once a tile) and the second three blocks per token (of 4,096 channels).
+// matrix gives, and computes post and comb. Up to 16 tokens both launches run a block per (slice, token), fn's slice
+// in each block's registers; above, the first runs tiles of 64 tokens a slice (fn's slice read once a tile) and the
+// second a warp per token.
 struct MhcSiteArgs {
   int64_t num_tokens = 0, hc_mult = 0, hidden = 0;
   float rms_eps = 0.0f, hc_eps = 0.0f;
