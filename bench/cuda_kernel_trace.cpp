@@ -2,8 +2,9 @@
 // activity records each kernel's start and end on the GPU's clock without serialising them (Nsight Compute replays
 // each kernel alone with its caches flushed, and no Nsight Systems runs on the GPU machines here), so dependent
 // launches overlap as they do in `kestrel bench`. The step is the engine's: one token, the next drawn greedily on
-// the GPU. Prints one CSV line per kernel of the traced steps (step, name, start and end in ns from the step's first
-// kernel, grid, block) for tools/kernel_trace_table.py.
+// the GPU, with bf16 product inputs (`--dtype bfloat16`, the setting of the bench's figures). Prints one CSV line
+// per kernel of the traced steps (step, name, start and end in ns from the step's first kernel, grid, block) for
+// tools/kernel_trace_table.py.
 // Usage: kestrel_cuda_kernel_trace MODEL_DIR [steps] (default 4; the prompt is 1,024 random tokens).
 #include <cupti.h>
 #include <cuda_runtime_api.h>
@@ -103,6 +104,7 @@ std::string quoted(const std::string& text) {
 
 int run(const std::string& model_dir, int steps) {
   CudaBackend backend;
+  backend.set_product_input(ProductInput::bf16);
   const auto model = Glm5NextModel::load(model_dir, backend);
   const int64_t vocab = model->config().vocab_size;
   std::mt19937 rng(7);

@@ -91,7 +91,8 @@ struct IndexerArgs {
   int64_t num_heads, head_dim, kpool, topk_pools;
   bool select_tail;
   const float* query;    // [T, heads, head_dim] indexer queries (wq_b of q_resid)
-  const float* weights;  // [T, heads] per-head weights, already scaled by heads^-1/2
+  const float* weights;  // [T, heads] per-head weights (weights_proj's output)
+  float weights_scale = 1.0f;  // each weight taken as weights[t, h] * weights_scale (heads^-1/2): no launch of its own
   const PagedRows* pooled_keys;  // one row per complete pool of the whole sequence, [pools, head_dim]
   // Out: per new token, the attended positions in ascending order, then -1 up to positions_stride
   // (indexer_max_positions); counts[t] of them.
@@ -208,6 +209,15 @@ public:
     clamped_swiglu(gate, up, num_tokens, weight.in_features, limit, hidden);
     linear(hidden, num_tokens, weight, y);
   }
+  // ys[i][T, out_i] = rms_norm(x; norm_weight, eps) [T, in] weights[i]^T, a norm that only feeds products (the q
+  // latent's, the final one before the head); normed [T, in] holds the normed rows (a backend that norms inside the
+  // products may leave it unwritten).
+  virtual void norm_linears(const float* x, int64_t num_tokens, const float* norm_weight, float eps,
+                            std::span<const LinearWeight* const> weights, std::span<float* const> ys, float* normed) {
+    require(!weights.empty(), "norm_linears without matrices");
+    rms_norm(x, num_tokens, weights.front()->in_features, norm_weight, eps, normed);
+    linears(normed, num_tokens, weights, ys);
+  }
   // out[T, hidden] = rows `ids` of the embedding table (ids in [0, rows), checked by the caller)
   virtual void embed(const int32_t* ids, int64_t num_tokens, const LinearWeight& table, float* out) = 0;
   // y = x / sqrt(mean(x^2) + eps) * weight (weight may be null: unweighted), over rows of width n
@@ -232,6 +242,16 @@ public:
     if (pending != nullptr) mhc_post(shape, pending->post, pending->comb, pending->block_out, streams);
     mhc_pre(shape, weights, streams, post, comb, collapsed);
     rms_norm(collapsed, shape.num_tokens, shape.hidden, norm_weight, shape.rms_eps, normed);
+  }
+  // mhc_site, then the sub-block's first products of its normed output: ys[i][T, out_i] = normed weights[i]^T. A
+  // backend may collapse the streams inside the products; streams, post, comb, collapsed and normed are written
+  // either way.
+  virtual void mhc_site_linears(const MhcShape& shape, const MhcPendingPost* pending, const MhcWeights& weights,
+                                const float* norm_weight, float* streams, float* post, float* comb, float* collapsed,
+                                float* normed, std::span<const LinearWeight* const> products,
+                                std::span<float* const> ys) {
+    mhc_site(shape, pending, weights, norm_weight, streams, post, comb, collapsed, normed);
+    linears(normed, shape.num_tokens, products, ys);
   }
 
   // Causal depthwise conv (kernel K) over [T, channels] followed by SiLU; conv_state [K-1, channels] holds the
@@ -312,7 +332,6 @@ public:
   virtual void gated_rms_norm(const float* x, const float* gate, int64_t rows, int64_t n, const float* weight,
                               float eps, float* y) = 0;
   virtual void sigmoid(float* x, int64_t n) = 0;
-  virtual void scale(float* x, int64_t n, float factor) = 0;
   // y += x
   virtual void add(const float* x, int64_t n, float* y) = 0;
   // out[T, hidden] = mean over the hc streams of streams[T, hc, hidden]

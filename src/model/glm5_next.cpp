@@ -92,10 +92,30 @@ std::vector<std::vector<float>> Glm5NextModel::forward_batch(std::span<const Seq
   float* comb[2] = {ws.floats(T * hc * hc), ws.floats(T * hc * hc)};
   std::optional<MhcPendingPost> pending;
   int site = 0;  // the set the next site writes
-  const auto mhc_site = [&](const MhcWeights& weights, const WeightVector& norm) {
-    const ProfileScope part(profile_, backend_, "mhc and norms");
-    backend_.mhc_site(mhc, pending ? &*pending : nullptr, weights, norm.data(), streams, post[site], comb[site], x,
-                      normed);
+  // The site before a sub-block, run with the block's first products. Profiled, the site runs first, timed in a
+  // part of its own, and the products in the block's part (the backend's fusion of the two is what
+  // kestrel_cuda_kernel_trace shows).
+  const auto site_input = [&](const MhcWeights& weights, const WeightVector& norm) {
+    if (profile_ != nullptr) {
+      {
+        const ProfileScope part(profile_, backend_, "mhc and norms");
+        backend_.mhc_site(mhc, pending ? &*pending : nullptr, weights, norm.data(), streams, post[site], comb[site], x,
+                          normed);
+      }
+      return SiteInput{.site_and_products =
+                           [&](std::span<const LinearWeight* const> products, std::span<float* const> ys) {
+                             backend_.linears(normed, T, products, ys);
+                           },
+                       .x = normed};
+    }
+    return SiteInput{.site_and_products =
+                         [&, weights_ptr = &weights, norm_ptr = &norm](std::span<const LinearWeight* const> products,
+                                                                       std::span<float* const> ys) {
+                           backend_.mhc_site_linears(mhc, pending ? &*pending : nullptr, *weights_ptr,
+                                                     norm_ptr->data(), streams, post[site], comb[site], x, normed,
+                                                     products, ys);
+                         },
+                     .x = normed};
   };
   const auto sub_block_done = [&] {
     pending = MhcPendingPost{.post = post[site], .comb = comb[site], .block_out = block_out};
@@ -113,19 +133,19 @@ std::vector<std::vector<float>> Glm5NextModel::forward_batch(std::span<const Seq
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     const LayerWeights& layer = weights_.layers[static_cast<size_t>(i)];
 
-    mhc_site(layer.attn_hc, layer.input_norm);
+    const SiteInput attention_input = site_input(layer.attn_hc, layer.input_norm);
     if (layer.type == LayerType::linear_attention) {
-      kda_block(ws, layer.kda, i, rows, normed, T, block_out);
+      kda_block(ws, layer.kda, i, rows, attention_input, T, block_out);
     } else {
-      mla_block(ws, layer.mla, i, rows, normed, T, selection, block_out);
+      mla_block(ws, layer.mla, i, rows, attention_input, T, selection, block_out);
     }
     sub_block_done();
-    mhc_site(layer.ffn_hc, layer.post_attention_norm);
+    const SiteInput mlp_input = site_input(layer.ffn_hc, layer.post_attention_norm);
     if (layer.mlp_type == MlpType::dense) {
       const ProfileScope part(profile_, backend_, "dense mlp");
-      mlp_block(ws, layer.dense, normed, T, block_out);
+      mlp_block(ws, layer.dense, mlp_input, T, block_out);
     } else {
-      moe_block(ws, layer.moe, normed, T, block_out);
+      moe_block(ws, layer.moe, mlp_input, T, block_out);
     }
     sub_block_done();
   }
@@ -157,8 +177,9 @@ std::vector<std::vector<float>> Glm5NextModel::forward_batch(std::span<const Seq
   float* head = ws.floats(head_rows * c.vocab_size);
   {
     const ProfileScope part(profile_, backend_, "head");
-    backend_.rms_norm(x, head_rows, D, weights_.final_norm.data(), eps, normed);
-    backend_.linear(normed, head_rows, weights_.lm_head, head);
+    const LinearWeight* head_weight[] = {&weights_.lm_head};
+    float* const head_output[] = {head};
+    backend_.norm_linears(x, head_rows, weights_.final_norm.data(), eps, head_weight, head_output, normed);
   }
   const auto drawn_rows = static_cast<int64_t>(draws.size());
   if (drawn_rows > 0) {
@@ -194,7 +215,7 @@ bool Glm5NextModel::is_decode_step(std::span<const CallRows> calls) {
 }
 
 void Glm5NextModel::kda_block(Workspace& ws, const KdaWeights& w, int64_t layer, std::span<const CallRows> calls,
-                              const float* x, int64_t T, float* out) {
+                              const SiteInput& in, int64_t T, float* out) {
   const Glm5NextConfig& c = config_;
   const int64_t H = c.linear_num_heads, Dh = c.linear_head_dim, C = H * Dh, K = c.linear_conv_kernel_dim;
   const Workspace::Frame frame(ws);
@@ -210,7 +231,7 @@ void Glm5NextModel::kda_block(Workspace& ws, const KdaWeights& w, int64_t layer,
     const ProfileScope part(profile_, backend_, "kda projections");
     const LinearWeight* weights[] = {&w.q_proj, &w.k_proj, &w.v_proj, &w.f_a_proj, &w.b_proj, &w.g_a_proj};
     float* const outputs[] = {q_in, k_in, v_in, f_low, beta, gate_low};
-    backend_.linears(x, T, weights, outputs);
+    in.site_and_products(weights, outputs);
   }
   const float lower_bound = c.linear_lower_bound ? static_cast<float>(*c.linear_lower_bound) : 0.0f;
   if (one_token_each(calls)) {
@@ -286,24 +307,37 @@ void Glm5NextModel::kda_block(Workspace& ws, const KdaWeights& w, int64_t layer,
 }
 
 void Glm5NextModel::mla_block(Workspace& ws, const MlaWeights& w, int64_t layer, std::span<const CallRows> calls,
-                              const float* x, int64_t T, Selection& selection, float* out) {
+                              const SiteInput& in, int64_t T, Selection& selection, float* out) {
   const Glm5NextConfig& c = config_;
   const int64_t H = c.num_attention_heads, rank = c.kv_lora_rank;
   const auto eps = static_cast<float>(c.rms_norm_eps);
   const Workspace::Frame frame(ws);
 
+  const IndexerWeights* ix = w.indexer ? &*w.indexer : nullptr;
+  const int64_t IH = c.index_n_heads, dim = c.index_head_dim;
   float* q_low = ws.floats(T * c.q_lora_rank);
   float* q_resid = ws.floats(T * c.q_lora_rank);
   float* query = ws.floats(T * H * c.qk_head_dim);
   // The cached latent: c = RMSNorm(kv_a_proj x), one row of kv_lora_rank per token.
   float* kv_low = ws.floats(T * rank);
+  // The indexer's: keys, their pools' compression gates, per-head weights (of x) and queries (of the normed q latent).
+  float* keys = ix ? ws.floats(T * dim) : nullptr;
+  float* gates = ix ? ws.floats(T * dim) : nullptr;
+  float* iw = ix ? ws.floats(T * IH) : nullptr;
+  float* iq = ix ? ws.floats(T * IH * dim) : nullptr;
   {
+    // Two passes of products: every product of x, then those of the normed q latent (the norm inside them).
     const ProfileScope part(profile_, backend_, "mla projections");
-    const LinearWeight* weights[] = {&w.q_a_proj, &w.kv_a_proj};
-    float* const outputs[] = {q_low, kv_low};
-    backend_.linears(x, T, weights, outputs);
-    backend_.rms_norm(q_low, T, c.q_lora_rank, w.q_a_norm.data(), eps, q_resid);
-    backend_.linear(q_resid, T, w.q_b_proj, query);
+    const LinearWeight* x_weights[] = {&w.q_a_proj, &w.kv_a_proj, ix ? &ix->wk : nullptr,
+                                       ix ? &ix->compress_gate : nullptr, ix ? &ix->weights_proj : nullptr};
+    float* const x_outputs[] = {q_low, kv_low, keys, gates, iw};
+    const size_t x_count = ix ? 5 : 2;
+    in.site_and_products(std::span(x_weights, x_count), std::span(x_outputs, x_count));
+    const LinearWeight* q_weights[] = {&w.q_b_proj, ix ? &ix->wq_b : nullptr};
+    float* const q_outputs[] = {query, iq};
+    const size_t q_count = ix ? 2 : 1;
+    backend_.norm_linears(q_low, T, w.q_a_norm.data(), eps, std::span(q_weights, q_count),
+                          std::span(q_outputs, q_count), q_resid);
   }
   {
     // The pass's latents normed in one launch, then each call's into its cache in one write.
@@ -316,25 +350,11 @@ void Glm5NextModel::mla_block(Workspace& ws, const MlaWeights& w, int64_t layer,
     }
   }
 
-  if (w.indexer) {
-    const IndexerWeights& ix = *w.indexer;
-    const int64_t IH = c.index_n_heads, dim = c.index_head_dim;
-    float* keys = ws.floats(T * dim);
-    float* gates = ws.floats(T * dim);
-    float* iq = ws.floats(T * IH * dim);
-    float* iw = ws.floats(T * IH);
-    {
-      const ProfileScope part(profile_, backend_, "dsa indexer projections");
-      const LinearWeight* weights[] = {&ix.wk, &ix.compress_gate, &ix.weights_proj};
-      float* const outputs[] = {keys, gates, iw};
-      backend_.linears(x, T, weights, outputs);
-      backend_.linear(q_resid, T, ix.wq_b, iq);
-      backend_.scale(iw, T * IH, 1.0f / std::sqrt(static_cast<float>(IH)));
-    }
+  if (ix) {
     float* normed_keys = ws.floats(T * dim);
     {
       const ProfileScope part(profile_, backend_, "mla cache appends");
-      backend_.layer_norm(keys, T, dim, ix.k_norm_weight.data(), ix.k_norm_bias.data(), 1e-6f, normed_keys);
+      backend_.layer_norm(keys, T, dim, ix->k_norm_weight.data(), ix->k_norm_bias.data(), 1e-6f, normed_keys);
     }
     for (const CallRows& call : calls) {
       const ProfileScope part(profile_, backend_, "mla cache appends");
@@ -349,11 +369,11 @@ void Glm5NextModel::mla_block(Workspace& ws, const MlaWeights& w, int64_t layer,
       const int64_t block_rows = state.pooled_keys.pool().block_rows();
       if (count > 0 && count <= block_rows - first % block_rows) {
         const RowRun run = state.pooled_keys.append_run(count);
-        backend_.kpool_compress(state.index_keys, state.index_gates, ix.compress_ape.data(), first, count,
+        backend_.kpool_compress(state.index_keys, state.index_gates, ix->compress_ape.data(), first, count,
                                 c.index_kpool, run.rows);
       } else if (count > 0) {
         float* pooled = ws.floats(count * dim);
-        backend_.kpool_compress(state.index_keys, state.index_gates, ix.compress_ape.data(), first, count,
+        backend_.kpool_compress(state.index_keys, state.index_gates, ix->compress_ape.data(), first, count,
                                 c.index_kpool, pooled);
         backend_.write_rows(state.pooled_keys, state.pooled_keys.append_rows(count), pooled, count);
       }
@@ -369,6 +389,7 @@ void Glm5NextModel::mla_block(Workspace& ws, const MlaWeights& w, int64_t layer,
                                           .select_tail = c.index_kpool_always_select_tail && c.index_kpool > 1,
                                           .query = iq + call.offset * IH * dim,
                                           .weights = iw + call.offset * IH,
+                                          .weights_scale = 1.0f / std::sqrt(static_cast<float>(IH)),
                                           .pooled_keys = &call.sequence->mla(layer).pooled_keys,
                                           .positions = selection.positions + call.offset * selection.stride,
                                           .counts = selection.counts + call.offset,
@@ -410,7 +431,7 @@ void Glm5NextModel::mla_block(Workspace& ws, const MlaWeights& w, int64_t layer,
   backend_.linear(attended, T, w.o_proj, out);
 }
 
-void Glm5NextModel::mlp_block(Workspace& ws, const MlpWeights& w, const float* x, int64_t T, float* out) {
+void Glm5NextModel::mlp_block(Workspace& ws, const MlpWeights& w, const SiteInput& in, int64_t T, float* out) {
   const int64_t I = w.gate_proj.out_features;
   const Workspace::Frame frame(ws);
   float* gate = ws.floats(T * I);
@@ -418,13 +439,13 @@ void Glm5NextModel::mlp_block(Workspace& ws, const MlpWeights& w, const float* x
   float* hidden = ws.floats(T * I);
   const LinearWeight* weights[] = {&w.gate_proj, &w.up_proj};
   float* const outputs[] = {gate, up};
-  backend_.linears(x, T, weights, outputs);
+  in.site_and_products(weights, outputs);
   backend_.swiglu_linear(gate, up, T, static_cast<float>(config_.swiglu_limit), w.down_proj, hidden, out);
 }
 
 // The shared expert runs first and the routed experts add into its output: its gate and up share the router's
 // launch (one input), and its down projection's weights load while the router's top-k runs.
-void Glm5NextModel::moe_block(Workspace& ws, const MoeWeights& w, const float* x, int64_t T, float* out) {
+void Glm5NextModel::moe_block(Workspace& ws, const MoeWeights& w, const SiteInput& in, int64_t T, float* out) {
   const Glm5NextConfig& c = config_;
   const int64_t E = c.n_routed_experts, k = c.num_experts_per_tok, D = c.hidden_size;
   const int64_t I = w.shared.gate_proj.out_features;
@@ -438,7 +459,8 @@ void Glm5NextModel::moe_block(Workspace& ws, const MoeWeights& w, const float* x
   std::optional<ProfileScope> part(std::in_place, profile_, backend_, "moe router and shared gate, up");
   const LinearWeight* weights[] = {&w.router, &w.shared.gate_proj, &w.shared.up_proj};
   float* const outputs[] = {router_logits, shared_gate, shared_up};
-  backend_.linears(x, T, weights, outputs);
+  in.site_and_products(weights, outputs);
+  const float* x = in.x;
   backend_.route_experts(RouterArgs{.num_tokens = T,
                                     .num_experts = E,
                                     .top_k = k,

@@ -350,25 +350,53 @@ TEST(IndexerTest, EqualScoresSelectLowerPoolsThenTail) {
   EXPECT_EQ(selected.at(0), (std::vector<int64_t>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 40, 41}));
 }
 
-TEST(IndexerTest, QueryNeverSeesPoolsEndingAfterIt) {
-  const int64_t dim = 2, kpool = 4;
+// Three pooled keys of width 2 whose dot product with the query (1, 0) grows with the pool: 1, 2, 3.
+struct GrowingPools {
+  static constexpr int64_t kDim = 2, kPool = 4;
   CpuBackend backend;
-  RowBlockPool pool(backend, dim, 16);
+  RowBlockPool pool{backend, kDim, 16};
   GrowingBlockSource source;
-  BlockTable table(source, backend);
-  PagedRows pooled(pool, table);
-  for (int64_t p = 0; p < 3; ++p) {
-    float* row = pooled.append();
-    row[0] = static_cast<float>(p + 1);  // later pools score higher
-    row[1] = 0.0f;
-  }
+  BlockTable table{source, backend};
+  PagedRows pooled{pool, table};
   const std::vector<float> query = {1.0f, 0.0f}, weights = {1.0f};
+
+  GrowingPools() {
+    for (int64_t p = 0; p < 3; ++p) {
+      float* row = pooled.append();
+      row[0] = static_cast<float>(p + 1);
+      row[1] = 0.0f;
+    }
+  }
+};
+
+TEST(IndexerTest, QueryNeverSeesPoolsEndingAfterIt) {
+  GrowingPools pools;
   // Position 6: pool 1 ends at 7 (not visible), so pool 0 and the tail [4, 6].
-  const auto selected = testing::select_on_host(backend, IndexerArgs{.num_tokens = 1, .start = 6, .num_heads = 1, .head_dim = dim,
-                                                    .kpool = kpool, .topk_pools = 2, .select_tail = true,
-                                                    .query = query.data(), .weights = weights.data(),
-                                                    .pooled_keys = &pooled}).lists();
+  const auto selected =
+      testing::select_on_host(pools.backend,
+                              IndexerArgs{.num_tokens = 1, .start = 6, .num_heads = 1, .head_dim = GrowingPools::kDim,
+                                          .kpool = GrowingPools::kPool, .topk_pools = 2, .select_tail = true,
+                                          .query = pools.query.data(), .weights = pools.weights.data(),
+                                          .pooled_keys = &pools.pooled})
+          .lists();
   EXPECT_EQ(selected.at(0), (std::vector<int64_t>{0, 1, 2, 3, 4, 5, 6}));
+}
+
+TEST(IndexerTest, WeightsScaleMultipliesEveryHeadsWeight) {
+  GrowingPools pools;
+  const auto best_pool = [&](float weights_scale) {
+    const auto selected =
+        testing::select_on_host(pools.backend,
+                                IndexerArgs{.num_tokens = 1, .start = 11, .num_heads = 1, .head_dim = GrowingPools::kDim,
+                                            .kpool = GrowingPools::kPool, .topk_pools = 1, .select_tail = false,
+                                            .query = pools.query.data(), .weights = pools.weights.data(),
+                                            .weights_scale = weights_scale, .pooled_keys = &pools.pooled})
+            .lists();
+    return selected.at(0).at(0) / GrowingPools::kPool;
+  };
+  // A positive scale keeps the highest dot product first; a negative one (a weight below zero) the lowest.
+  EXPECT_EQ(best_pool(0.5f), 2);
+  EXPECT_EQ(best_pool(-0.5f), 0);
 }
 
 TEST(RouterTest, TiesGoToLowerExpertAndWeightsUseUnbiasedScores) {

@@ -238,7 +238,8 @@ std::vector<std::vector<int64_t>> gpu_select(const IndexerArgs& a, const DeviceP
   check(indexer_select(IndexerDeviceArgs{.num_tokens = T, .start = a.start, .num_heads = a.num_heads,
                                          .head_dim = a.head_dim, .kpool = a.kpool, .topk_pools = a.topk_pools,
                                          .select_tail = a.select_tail, .query = query.as<float>(),
-                                         .weights = weights.as<float>(), .pooled_keys = pooled_keys,
+                                         .weights = weights.as<float>(), .weights_scale = a.weights_scale,
+                                         .pooled_keys = pooled_keys,
                                          .scratch = scratch.as<float>(), .scratch_floats = scratch_floats,
                                          .positions = positions.as<int32_t>(), .counts = counts.as<int32_t>()},
                        nullptr),
@@ -253,12 +254,14 @@ std::vector<std::vector<int64_t>> gpu_select(const IndexerArgs& a, const DeviceP
 // of the call's scores).
 void expect_cpu_selection(const IndexerShape& shape, const PooledKeys& keys, int64_t start, int64_t T, uint32_t seed) {
   const std::vector<float> query = random_values(static_cast<size_t>(T * shape.heads * shape.head_dim), seed);
-  const std::vector<float> weights = random_values(static_cast<size_t>(T * shape.heads), seed + 1,
-                                                   1.0f / std::sqrt(static_cast<float>(shape.heads)));
+  // The weights as weights_proj gives them, scaled by heads^-1/2 inside the selection (as the model calls it).
+  const std::vector<float> weights = random_values(static_cast<size_t>(T * shape.heads), seed + 1);
   for (const bool tail : {true, false}) {
     const IndexerArgs args{.num_tokens = T, .start = start, .num_heads = shape.heads, .head_dim = shape.head_dim,
                            .kpool = kKpool, .topk_pools = shape.topk_pools, .select_tail = tail,
-                           .query = query.data(), .weights = weights.data(), .pooled_keys = &keys.rows};
+                           .query = query.data(), .weights = weights.data(),
+                           .weights_scale = 1.0f / std::sqrt(static_cast<float>(shape.heads)),
+                           .pooled_keys = &keys.rows};
     const std::vector<std::vector<int64_t>> expected = kestrel::testing::select_on_host(host(), args).lists();
     for (const int64_t group : {int64_t{0}, int64_t{3}}) {
       const std::vector<std::vector<int64_t>> got = gpu_select(args, keys.device.view, group);

@@ -51,7 +51,6 @@ public:
   void gated_rms_norm(const float* x, const float* gate, int64_t rows, int64_t n, const float* weight, float eps,
                       float* y) override;
   void sigmoid(float* x, int64_t n) override;
-  void scale(float* x, int64_t n, float factor) override;
   void add(const float* x, int64_t n, float* y) override;
   void stream_mean(const float* streams, int64_t num_tokens, int64_t hc_mult, int64_t hidden, float* out) override;
   void stream_expand(const float* x, int64_t num_tokens, int64_t hc_mult, int64_t hidden, float* streams) override;

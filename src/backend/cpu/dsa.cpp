@@ -63,7 +63,8 @@ void CpuBackend::indexer_select(const IndexerArgs& a) {
           const float* q = a.query + (t * a.num_heads + h) * a.head_dim;
           float dot = 0.0f;
           for (int64_t c = 0; c < a.head_dim; ++c) dot += q[c] * key[c];
-          score += a.weights[t * a.num_heads + h] * std::max(dot * softmax_scale, 0.0f);
+          const float weight = a.weights[t * a.num_heads + h] * a.weights_scale;
+          score += weight * std::max(dot * softmax_scale, 0.0f);
         }
         scores[static_cast<size_t>(p)] = score;
       }

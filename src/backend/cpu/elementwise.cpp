@@ -34,10 +34,6 @@ void CpuBackend::sigmoid(float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] = 1.0f / (1.0f + std::exp(-x[i]));
 }
 
-void CpuBackend::scale(float* x, int64_t n, float factor) {
-  for (int64_t i = 0; i < n; ++i) x[i] *= factor;
-}
-
 void CpuBackend::add(const float* x, int64_t n, float* y) {
   for (int64_t i = 0; i < n; ++i) y[i] += x[i];
 }

@@ -386,6 +386,7 @@ void CudaBackend::indexer_select(const IndexerArgs& a) {
                                                .select_tail = a.select_tail,
                                                .query = a.query,
                                                .weights = a.weights,
+                                               .weights_scale = a.weights_scale,
                                                .pooled_keys = pooled,
                                                .scratch = scratch,
                                                .scratch_floats = scratch_floats,
@@ -556,10 +557,6 @@ void CudaBackend::gated_rms_norm(const float* x, const float* gate, int64_t rows
 }
 
 void CudaBackend::sigmoid(float* x, int64_t n) { check(cuda::sigmoid(x, n, stream_), "sigmoid launch"); }
-
-void CudaBackend::scale(float* x, int64_t n, float factor) {
-  check(cuda::scale(x, n, factor, stream_), "scale launch");
-}
 
 void CudaBackend::add(const float* x, int64_t n, float* y) { check(cuda::add(x, n, y, stream_), "add launch"); }
 

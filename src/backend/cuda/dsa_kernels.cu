@@ -184,7 +184,9 @@ __global__ void __launch_bounds__(kThreads)
     const int h = i / dim, c = i % dim;
     queries[c * l.heads4 + h] = h < heads ? a.query[(t * heads + h) * dim + c] : 0.0f;
   }
-  for (int h = tid; h < l.heads4; h += kThreads) weights[h] = h < heads ? a.weights[t * heads + h] : 0.0f;
+  for (int h = tid; h < l.heads4; h += kThreads) {
+    weights[h] = h < heads ? a.weights[t * heads + h] * a.weights_scale : 0.0f;
+  }
   for (int r = warp; r < rows; r += kWarps) {
     const float* key = paged_row(a.pooled_keys, first + r);
     for (int c = lane; c < dim; c += 32) keys[r * (dim + 1) + c] = key[c];

@@ -71,7 +71,8 @@ struct IndexerDeviceArgs {
   int64_t num_heads = 0, head_dim = 0, kpool = 0, topk_pools = 0;
   bool select_tail = true;
   const float* query = nullptr;    // [T, heads, head_dim] indexer queries
-  const float* weights = nullptr;  // [T, heads] per-head weights
+  const float* weights = nullptr;  // [T, heads] per-head weights, each taken as weights[t, h] * weights_scale
+  float weights_scale = 1.0f;
   DevicePagedRows pooled_keys;     // one row of head_dim per complete pool of the sequence
   float* scratch = nullptr;        // indexer_scratch_floats(T, pooled_keys.num_rows) floats, or scratch_floats
   // With scratch_floats set (at least pooled_keys.num_rows), the call runs as launches of as many tokens as have their

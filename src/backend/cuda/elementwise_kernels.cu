@@ -45,12 +45,6 @@ __global__ void sigmoid_kernel(float* x, int64_t n) {
   if (i < n) x[i] = 1.0f / (1.0f + expf(-x[i]));
 }
 
-__global__ void scale_kernel(float* x, int64_t n, float factor) {
-  wait_for_previous_grid();
-  const int64_t i = element_index();
-  if (i < n) x[i] *= factor;
-}
-
 __global__ void add_kernel(const float* x, int64_t n, float* y) {
   wait_for_previous_grid();
   const int64_t i = element_index();
@@ -141,11 +135,6 @@ cudaError_t to_f16(const float* x, int64_t n, uint16_t* out, cudaStream_t stream
 cudaError_t sigmoid(float* x, int64_t n, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
   return launch_elementwise(sigmoid_kernel, n, stream, x, n);
-}
-
-cudaError_t scale(float* x, int64_t n, float factor, cudaStream_t stream) {
-  if (n == 0) return cudaSuccess;
-  return launch_elementwise(scale_kernel, n, stream, x, n, factor);
 }
 
 cudaError_t add(const float* x, int64_t n, float* y, cudaStream_t stream) {

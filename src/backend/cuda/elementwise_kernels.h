@@ -22,7 +22,6 @@ cudaError_t scatter_rows(const float* src, const int32_t* rows, int64_t num_rows
 cudaError_t clamped_swiglu(const float* gate, const float* up, int64_t n, float limit, float* out,
                            cudaStream_t stream);
 cudaError_t sigmoid(float* x, int64_t n, cudaStream_t stream);
-cudaError_t scale(float* x, int64_t n, float factor, cudaStream_t stream);
 // y += x
 cudaError_t add(const float* x, int64_t n, float* y, cudaStream_t stream);
 // out[T, hidden] = mean over the hc streams of streams[T, hc, hidden].
