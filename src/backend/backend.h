@@ -243,17 +243,6 @@ public:
     mhc_pre(shape, weights, streams, post, comb, collapsed);
     rms_norm(collapsed, shape.num_tokens, shape.hidden, norm_weight, shape.rms_eps, normed);
   }
-  // mhc_site, then the sub-block's first products of its normed output: ys[i][T, out_i] = normed weights[i]^T. A
-  // backend may collapse the streams inside the products; streams, post, comb, collapsed and normed are written
-  // either way.
-  virtual void mhc_site_linears(const MhcShape& shape, const MhcPendingPost* pending, const MhcWeights& weights,
-                                const float* norm_weight, float* streams, float* post, float* comb, float* collapsed,
-                                float* normed, std::span<const LinearWeight* const> products,
-                                std::span<float* const> ys) {
-    mhc_site(shape, pending, weights, norm_weight, streams, post, comb, collapsed, normed);
-    linears(normed, shape.num_tokens, products, ys);
-  }
-
   // Causal depthwise conv (kernel K) over [T, channels] followed by SiLU; conv_state [K-1, channels] holds the
   // previous inputs (zeros at sequence start) and is updated to the last K-1 inputs.
   virtual void causal_conv_silu(const float* x, int64_t num_tokens, int64_t channels, int64_t kernel,

@@ -92,30 +92,10 @@ std::vector<std::vector<float>> Glm5NextModel::forward_batch(std::span<const Seq
   float* comb[2] = {ws.floats(T * hc * hc), ws.floats(T * hc * hc)};
   std::optional<MhcPendingPost> pending;
   int site = 0;  // the set the next site writes
-  // The site before a sub-block, run with the block's first products. Profiled, the site runs first, timed in a
-  // part of its own, and the products in the block's part (the backend's fusion of the two is what
-  // kestrel_cuda_kernel_trace shows).
-  const auto site_input = [&](const MhcWeights& weights, const WeightVector& norm) {
-    if (profile_ != nullptr) {
-      {
-        const ProfileScope part(profile_, backend_, "mhc and norms");
-        backend_.mhc_site(mhc, pending ? &*pending : nullptr, weights, norm.data(), streams, post[site], comb[site], x,
-                          normed);
-      }
-      return SiteInput{.site_and_products =
-                           [&](std::span<const LinearWeight* const> products, std::span<float* const> ys) {
-                             backend_.linears(normed, T, products, ys);
-                           },
-                       .x = normed};
-    }
-    return SiteInput{.site_and_products =
-                         [&, weights_ptr = &weights, norm_ptr = &norm](std::span<const LinearWeight* const> products,
-                                                                       std::span<float* const> ys) {
-                           backend_.mhc_site_linears(mhc, pending ? &*pending : nullptr, *weights_ptr,
-                                                     norm_ptr->data(), streams, post[site], comb[site], x, normed,
-                                                     products, ys);
-                         },
-                     .x = normed};
+  const auto mhc_site = [&](const MhcWeights& weights, const WeightVector& norm) {
+    const ProfileScope part(profile_, backend_, "mhc and norms");
+    backend_.mhc_site(mhc, pending ? &*pending : nullptr, weights, norm.data(), streams, post[site], comb[site], x,
+                      normed);
   };
   const auto sub_block_done = [&] {
     pending = MhcPendingPost{.post = post[site], .comb = comb[site], .block_out = block_out};
@@ -133,19 +113,19 @@ std::vector<std::vector<float>> Glm5NextModel::forward_batch(std::span<const Seq
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     const LayerWeights& layer = weights_.layers[static_cast<size_t>(i)];
 
-    const SiteInput attention_input = site_input(layer.attn_hc, layer.input_norm);
+    mhc_site(layer.attn_hc, layer.input_norm);
     if (layer.type == LayerType::linear_attention) {
-      kda_block(ws, layer.kda, i, rows, attention_input, T, block_out);
+      kda_block(ws, layer.kda, i, rows, normed, T, block_out);
     } else {
-      mla_block(ws, layer.mla, i, rows, attention_input, T, selection, block_out);
+      mla_block(ws, layer.mla, i, rows, normed, T, selection, block_out);
     }
     sub_block_done();
-    const SiteInput mlp_input = site_input(layer.ffn_hc, layer.post_attention_norm);
+    mhc_site(layer.ffn_hc, layer.post_attention_norm);
     if (layer.mlp_type == MlpType::dense) {
       const ProfileScope part(profile_, backend_, "dense mlp");
-      mlp_block(ws, layer.dense, mlp_input, T, block_out);
+      mlp_block(ws, layer.dense, normed, T, block_out);
     } else {
-      moe_block(ws, layer.moe, mlp_input, T, block_out);
+      moe_block(ws, layer.moe, normed, T, block_out);
     }
     sub_block_done();
   }
@@ -215,7 +195,7 @@ bool Glm5NextModel::is_decode_step(std::span<const CallRows> calls) {
 }
 
 void Glm5NextModel::kda_block(Workspace& ws, const KdaWeights& w, int64_t layer, std::span<const CallRows> calls,
-                              const SiteInput& in, int64_t T, float* out) {
+                              const float* x, int64_t T, float* out) {
   const Glm5NextConfig& c = config_;
   const int64_t H = c.linear_num_heads, Dh = c.linear_head_dim, C = H * Dh, K = c.linear_conv_kernel_dim;
   const Workspace::Frame frame(ws);
@@ -231,7 +211,7 @@ void Glm5NextModel::kda_block(Workspace& ws, const KdaWeights& w, int64_t layer,
     const ProfileScope part(profile_, backend_, "kda projections");
     const LinearWeight* weights[] = {&w.q_proj, &w.k_proj, &w.v_proj, &w.f_a_proj, &w.b_proj, &w.g_a_proj};
     float* const outputs[] = {q_in, k_in, v_in, f_low, beta, gate_low};
-    in.site_and_products(weights, outputs);
+    backend_.linears(x, T, weights, outputs);
   }
   const float lower_bound = c.linear_lower_bound ? static_cast<float>(*c.linear_lower_bound) : 0.0f;
   if (one_token_each(calls)) {
@@ -307,7 +287,7 @@ void Glm5NextModel::kda_block(Workspace& ws, const KdaWeights& w, int64_t layer,
 }
 
 void Glm5NextModel::mla_block(Workspace& ws, const MlaWeights& w, int64_t layer, std::span<const CallRows> calls,
-                              const SiteInput& in, int64_t T, Selection& selection, float* out) {
+                              const float* x, int64_t T, Selection& selection, float* out) {
   const Glm5NextConfig& c = config_;
   const int64_t H = c.num_attention_heads, rank = c.kv_lora_rank;
   const auto eps = static_cast<float>(c.rms_norm_eps);
@@ -332,7 +312,7 @@ void Glm5NextModel::mla_block(Workspace& ws, const MlaWeights& w, int64_t layer,
                                        ix ? &ix->compress_gate : nullptr, ix ? &ix->weights_proj : nullptr};
     float* const x_outputs[] = {q_low, kv_low, keys, gates, iw};
     const size_t x_count = ix ? 5 : 2;
-    in.site_and_products(std::span(x_weights, x_count), std::span(x_outputs, x_count));
+    backend_.linears(x, T, std::span(x_weights, x_count), std::span(x_outputs, x_count));
     const LinearWeight* q_weights[] = {&w.q_b_proj, ix ? &ix->wq_b : nullptr};
     float* const q_outputs[] = {query, iq};
     const size_t q_count = ix ? 2 : 1;
@@ -431,7 +411,7 @@ void Glm5NextModel::mla_block(Workspace& ws, const MlaWeights& w, int64_t layer,
   backend_.linear(attended, T, w.o_proj, out);
 }
 
-void Glm5NextModel::mlp_block(Workspace& ws, const MlpWeights& w, const SiteInput& in, int64_t T, float* out) {
+void Glm5NextModel::mlp_block(Workspace& ws, const MlpWeights& w, const float* x, int64_t T, float* out) {
   const int64_t I = w.gate_proj.out_features;
   const Workspace::Frame frame(ws);
   float* gate = ws.floats(T * I);
@@ -439,13 +419,13 @@ void Glm5NextModel::mlp_block(Workspace& ws, const MlpWeights& w, const SiteInpu
   float* hidden = ws.floats(T * I);
   const LinearWeight* weights[] = {&w.gate_proj, &w.up_proj};
   float* const outputs[] = {gate, up};
-  in.site_and_products(weights, outputs);
+  backend_.linears(x, T, weights, outputs);
   backend_.swiglu_linear(gate, up, T, static_cast<float>(config_.swiglu_limit), w.down_proj, hidden, out);
 }
 
 // The shared expert runs first and the routed experts add into its output: its gate and up share the router's
 // launch (one input), and its down projection's weights load while the router's top-k runs.
-void Glm5NextModel::moe_block(Workspace& ws, const MoeWeights& w, const SiteInput& in, int64_t T, float* out) {
+void Glm5NextModel::moe_block(Workspace& ws, const MoeWeights& w, const float* x, int64_t T, float* out) {
   const Glm5NextConfig& c = config_;
   const int64_t E = c.n_routed_experts, k = c.num_experts_per_tok, D = c.hidden_size;
   const int64_t I = w.shared.gate_proj.out_features;
@@ -459,8 +439,7 @@ void Glm5NextModel::moe_block(Workspace& ws, const MoeWeights& w, const SiteInpu
   std::optional<ProfileScope> part(std::in_place, profile_, backend_, "moe router and shared gate, up");
   const LinearWeight* weights[] = {&w.router, &w.shared.gate_proj, &w.shared.up_proj};
   float* const outputs[] = {router_logits, shared_gate, shared_up};
-  in.site_and_products(weights, outputs);
-  const float* x = in.x;
+  backend_.linears(x, T, weights, outputs);
   backend_.route_experts(RouterArgs{.num_tokens = T,
                                     .num_experts = E,
                                     .top_k = k,

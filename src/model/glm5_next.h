@@ -8,7 +8,6 @@
 #pragma once
 
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -97,17 +96,10 @@ private:
   static bool one_token_each(std::span<const CallRows> calls);
   // A decode step of several sequences, which the batched attention op takes.
   static bool is_decode_step(std::span<const CallRows> calls);
-  // A sub-block's normalised input x [T, hidden] of all the pass's rows: the mHC site that collapses the residual
-  // streams into it runs when the block asks for its first products of x (Backend::mhc_site_linears, which may
-  // collapse the streams inside them); x may be read after that.
-  struct SiteInput {
-    std::function<void(std::span<const LinearWeight* const>, std::span<float* const>)> site_and_products;
-    const float* x;
-  };
-  // Each block takes its input from a SiteInput and writes its output [T, hidden]; its temporaries come from the
-  // forward's workspace and go back to it when the block returns.
-  void kda_block(Workspace& ws, const KdaWeights& w, int64_t layer, std::span<const CallRows> calls,
-                 const SiteInput& in, int64_t T, float* out);
+  // Each block reads the normalised sub-block input x [T, hidden] of all the pass's rows and writes its output
+  // [T, hidden]; its temporaries come from the forward's workspace and go back to it when the block returns.
+  void kda_block(Workspace& ws, const KdaWeights& w, int64_t layer, std::span<const CallRows> calls, const float* x,
+                 int64_t T, float* out);
   // The DSA positions each new token attends to: made by a full indexer layer, reused by the shared ones after it.
   struct Selection {
     int32_t* positions;  // [T, stride]
@@ -115,10 +107,10 @@ private:
     int64_t stride;
     bool made;
   };
-  void mla_block(Workspace& ws, const MlaWeights& w, int64_t layer, std::span<const CallRows> calls,
-                 const SiteInput& in, int64_t T, Selection& selection, float* out);
-  void mlp_block(Workspace& ws, const MlpWeights& w, const SiteInput& in, int64_t T, float* out);
-  void moe_block(Workspace& ws, const MoeWeights& w, const SiteInput& in, int64_t T, float* out);
+  void mla_block(Workspace& ws, const MlaWeights& w, int64_t layer, std::span<const CallRows> calls, const float* x,
+                 int64_t T, Selection& selection, float* out);
+  void mlp_block(Workspace& ws, const MlpWeights& w, const float* x, int64_t T, float* out);
+  void moe_block(Workspace& ws, const MoeWeights& w, const float* x, int64_t T, float* out);
   // Recomputes each routed expert's inputs for the observer (outside the backend's fused expert op).
   void observe_experts(Workspace& ws, const MoeWeights& w, const float* x, int64_t T, const int32_t* expert_ids);
 
