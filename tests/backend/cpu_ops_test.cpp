@@ -415,5 +415,21 @@ TEST(RouterTest, TiesGoToLowerExpertAndWeightsUseUnbiasedScores) {
   EXPECT_NEAR(weights[1], s1 / (s0 + s1) * 2.5, 1e-6);
 }
 
+// A NaN logit (a broken checkpoint or activation) ranks last rather than breaking the sort's order: the choice is
+// the best of the rest, in order, and every id is a real expert.
+TEST(RouterTest, NanLogitRanksLast) {
+  const std::vector<float> logits = {NAN, 0.5f, NAN, 2.0f, 1.0f};
+  const std::vector<float> bias(5, 0.0f);
+  std::vector<int32_t> ids(3);
+  std::vector<float> weights(3);
+  CpuBackend backend;
+  backend.route_experts(RouterArgs{.num_tokens = 1, .num_experts = 5, .top_k = 3, .n_group = 1, .topk_group = 1,
+                                   .norm_topk_prob = true, .routed_scaling_factor = 1.0f, .logits = logits.data(),
+                                   .correction_bias = bias.data(), .expert_ids = ids.data(),
+                                   .expert_weights = weights.data()});
+  EXPECT_EQ(ids, (std::vector<int32_t>{3, 4, 1}));
+  for (const float w : weights) EXPECT_TRUE(std::isfinite(w));
+}
+
 }  // namespace
 }  // namespace kestrel

@@ -154,6 +154,63 @@ TEST(CudaMhcTest, FusedSiteMatchesCpuComposition) {
   }
 }
 
+// The few-token site as one launch (a grid barrier between its parts) writes what its two launches write, bit for
+// bit, over consecutive sites of different sizes (the barrier's counters re-armed by each), and leaves the counters
+// zeroed.
+TEST(CudaMhcTest, OneLaunchSiteMatchesTwoLaunches) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  constexpr int64_t kHc = 4, kHidden = 4096, kMix = (2 + kHc) * kHc, kMaxTokens = 16;
+  std::vector<uint16_t> fn_bf16(static_cast<size_t>(kMix * kHc * kHidden));
+  const std::vector<float> fn = random_values(fn_bf16.size(), 21, 0.05f);
+  for (size_t i = 0; i < fn.size(); ++i) fn_bf16[i] = f32_to_bf16(fn[i]);
+  const DeviceBuffer fn_dev = to_device(fn_bf16), base = to_device(random_values(kMix, 22)),
+                     scale = to_device(std::vector<float>{0.7f, 1.3f, 2.0f}),
+                     norm = to_device(random_values(kHidden, 23));
+  const std::vector<float> streams = random_values(static_cast<size_t>(kMaxTokens * kHc * kHidden), 24, 2.0f);
+  const DeviceBuffer pending_post = to_device(random_values(kMaxTokens * kHc, 25)),
+                     pending_comb = to_device(random_values(kMaxTokens * kHc * kHc, 26, 0.5f)),
+                     block_out = to_device(random_values(kMaxTokens * kHidden, 27));
+  DeviceBuffer barrier(2 * sizeof(unsigned));
+  barrier.zero();
+  check(cudaDeviceSynchronize(), "zeroed");
+  const auto floats = [](int64_t n) { return DeviceBuffer(static_cast<size_t>(n) * sizeof(float)); };
+  DeviceBuffer partials = floats(mhc_site_scratch_floats(kMaxTokens, kHc, kHidden));
+  // Each variant's outputs: streams (updated in place), post, comb, collapsed, normed.
+  struct Outputs {
+    DeviceBuffer streams, post, comb, collapsed, normed;
+  };
+  const auto run = [&](int64_t tokens, bool pending, unsigned* counters) {
+    Outputs out{to_device(streams), floats(tokens * kHc), floats(tokens * kHc * kHc), floats(tokens * kHidden),
+                floats(tokens * kHidden)};
+    check(mhc_site(MhcSiteArgs{.num_tokens = tokens, .hc_mult = kHc, .hidden = kHidden, .rms_eps = 1e-6f,
+                               .hc_eps = 1e-6f, .sinkhorn_iters = 20, .fn = fn_dev.data(),
+                               .fn_type = DenseWeightType::bf16, .base = base.as<float>(), .scale = scale.as<float>(),
+                               .norm_weight = norm.as<float>(),
+                               .pending_post = pending ? pending_post.as<float>() : nullptr,
+                               .pending_comb = pending ? pending_comb.as<float>() : nullptr,
+                               .pending_block_out = pending ? block_out.as<float>() : nullptr,
+                               .streams = out.streams.as<float>(), .post = out.post.as<float>(),
+                               .comb = out.comb.as<float>(), .collapsed = out.collapsed.as<float>(),
+                               .normed = out.normed.as<float>(), .partials = partials.as<float>(),
+                               .barrier = counters},
+                   nullptr),
+          "mhc_site");
+    check(cudaDeviceSynchronize(), "mhc_site");
+    return out;
+  };
+  for (const auto& [tokens, pending] : std::vector<std::pair<int64_t, bool>>{{1, true}, {3, false}, {1, false},
+                                                                              {16, true}, {2, true}}) {
+    const Outputs two = run(tokens, pending, nullptr), one = run(tokens, pending, barrier.as<unsigned>());
+    const std::string where = "tokens " + std::to_string(tokens) + (pending ? " pending" : "");
+    EXPECT_EQ(to_host(one.streams), to_host(two.streams)) << where;
+    EXPECT_EQ(to_host(one.post), to_host(two.post)) << where;
+    EXPECT_EQ(to_host(one.comb), to_host(two.comb)) << where;
+    EXPECT_EQ(to_host(one.collapsed), to_host(two.collapsed)) << where;
+    EXPECT_EQ(to_host(one.normed), to_host(two.normed)) << where;
+    EXPECT_EQ(to_host<unsigned>(barrier), (std::vector<unsigned>{0, 0})) << where;
+  }
+}
+
 TEST(CudaMhcTest, UnsupportedStreamCountIsRefused) {
   // Argument checks run before any launch, so this holds with or without a GPU.
   EXPECT_EQ(mhc_post(nullptr, nullptr, nullptr, 1, kMaxHcMult + 1, 8, nullptr, nullptr), cudaErrorInvalidValue);

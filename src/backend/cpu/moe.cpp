@@ -32,14 +32,16 @@ void CpuBackend::route_experts(const RouterArgs& a) {
   for (int64_t t = 0; t < a.num_tokens; ++t) {
     for (int64_t e = 0; e < E; ++e) {
       scores[static_cast<size_t>(e)] = 1.0f / (1.0f + std::exp(-a.logits[t * E + e]));
-      choice[static_cast<size_t>(e)] = scores[static_cast<size_t>(e)] + a.correction_bias[e];
+      const float c = scores[static_cast<size_t>(e)] + a.correction_bias[e];
+      choice[static_cast<size_t>(e)] = std::isnan(c) ? -INFINITY : c;  // ranks last: the order stays total
     }
     // Group score = sum of the group's two best choices; experts outside the topk_group best groups are excluded.
     std::vector<float> group_scores(static_cast<size_t>(a.n_group));
     for (int64_t grp = 0; grp < a.n_group; ++grp) {
       std::vector<float> members(choice.begin() + grp * group_size, choice.begin() + (grp + 1) * group_size);
       const auto best = top_k_indices(members, 2);
-      group_scores[static_cast<size_t>(grp)] = members[static_cast<size_t>(best[0])] + members[static_cast<size_t>(best[1])];
+      const float sum = members[static_cast<size_t>(best[0])] + members[static_cast<size_t>(best[1])];
+      group_scores[static_cast<size_t>(grp)] = std::isnan(sum) ? -INFINITY : sum;
     }
     const auto kept_groups = top_k_indices(group_scores, a.topk_group);
     std::vector<float> masked(static_cast<size_t>(E), -INFINITY);

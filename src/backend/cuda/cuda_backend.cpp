@@ -309,7 +309,8 @@ void CudaBackend::mhc_site(const MhcShape& shape, const MhcPendingPost* pending,
                                    .comb = comb,
                                    .collapsed = collapsed,
                                    .normed = normed,
-                                   .partials = partials},
+                                   .partials = partials,
+                                   .barrier = scratch_b_.counters(2)},
                        stream_),
         "mhc_site launch");
 }

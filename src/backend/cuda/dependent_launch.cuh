@@ -20,6 +20,34 @@ __device__ __forceinline__ void wait_for_previous_grid() {
 #endif
 }
 
+// The two halves of wait_for_previous_grid, for a short kernel on a decode step's chain of latencies: the next
+// dependent grid (a product, whose blocks request their first weights as they start) launches only once this kernel
+// has read its inputs, so that its loads do not queue behind that prefetch.
+__device__ __forceinline__ void wait_for_previous_grid_only() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void let_next_grid_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;");
+#endif
+}
+
+// Brings memory that no kernel in flight writes into L2 before the wait, for a short kernel that reads it after: a
+// load issued after the wait queues behind the next product's first weights, an L2 hit does not. The line holding p:
+__device__ __forceinline__ void prefetch_line_to_l2(const void* p) {
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+}
+// [p, p + bytes), p 16-byte aligned and bytes a multiple of 16 (one bulk request on sm_90+, else line by line).
+__device__ __forceinline__ void prefetch_range_to_l2(const void* p, unsigned bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+#else
+  for (unsigned offset = 0; offset < bytes; offset += 128) prefetch_line_to_l2(static_cast<const char*>(p) + offset);
+#endif
+}
+
 // Whether the current device takes dependent launches (compute capability 9 or more), asked once per device: the
 // launchers call it for every kernel.
 inline bool dependent_launch_supported() {

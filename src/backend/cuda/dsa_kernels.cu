@@ -116,10 +116,13 @@ __global__ void write_coded_rows_kernel(DevicePagedRows rows, int64_t first_row,
 __global__ void __launch_bounds__(kThreads)
     kpool_compress_kernel(DevicePagedRows keys, DevicePagedRows gates, const float* ape, int64_t first_pool,
                           int64_t num_pools, int64_t kpool, float* pooled) {
-  wait_for_previous_grid();
   const int64_t dim = keys.row_width, index = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
-  if (index >= num_pools * dim) return;
   const int64_t c = index % dim, first_row = (first_pool + index / dim) * kpool;
+  if (index < num_pools * dim) {
+    for (int64_t s = 0; s < kpool; ++s) prefetch_line_to_l2(ape + s * dim + c);  // a constant: before the wait
+  }
+  wait_for_previous_grid();
+  if (index >= num_pools * dim) return;
   const auto logit = [&](int64_t s) { return __fadd_rn(paged_row(gates, first_row + s)[c], ape[s * dim + c]); };
   float max_logit = -INFINITY;
   for (int64_t s = 0; s < kpool; ++s) max_logit = fmaxf(max_logit, logit(s));
@@ -433,14 +436,31 @@ constexpr int kAbsorbRanks = 64;
 constexpr int kAbsorbGroups = kThreads / kAbsorbRanks;
 constexpr int kAbsorbRowGroups = kThreads / (kAbsorbRanks / 8);
 
+// The block's share of W_UK or W_UV, rows [first_row, last_row) of head h's [rows, rank] matrix and its ranks
+// [first_rank, first_rank + ranks), brought into L2 before the wait (prefetch_range_to_l2), a thread a row: the
+// weights are most of what these kernels read. Only where the rank is a multiple of 8 (16-byte aligned rows).
+__device__ __forceinline__ void prefetch_head_rows(const SparseMlaDeviceArgs& a, const void* weights, int64_t h,
+                                                   int64_t rows, int first_row, int last_row, int first_rank,
+                                                   int ranks) {
+  const int64_t rank = a.kv_lora_rank;
+  if (rank % 8 != 0) return;
+  const int64_t element = a.weights_bf16 ? 2 : 4;
+  const auto* base = static_cast<const char*>(weights) + (h * rows * rank + first_rank) * element;
+  const auto bytes = static_cast<unsigned>(min(static_cast<int64_t>(ranks), rank - first_rank) * element);
+  for (int row = first_row + static_cast<int>(threadIdx.x); row < last_row; row += kThreads) {
+    prefetch_range_to_l2(base + row * rank * element, bytes);
+  }
+}
+
 __global__ void __launch_bounds__(kThreads) absorb_query_kernel(SparseMlaDeviceArgs a) {
-  wait_for_previous_grid();
   extern __shared__ float4 shared_vectors[];
   float* q = reinterpret_cast<float*>(shared_vectors);  // [qk_head_dim]
   __shared__ float sums[kAbsorbRowGroups][kAbsorbRanks];
   const int rank = static_cast<int>(a.kv_lora_rank), qk = static_cast<int>(a.qk_head_dim);
   const int64_t pair = blockIdx.x, h = pair % a.num_heads;
   const int tid = static_cast<int>(threadIdx.x), first_rank = static_cast<int>(blockIdx.y) * kAbsorbRanks;
+  prefetch_head_rows(a, a.w_uk, h, qk, 0, qk, first_rank, kAbsorbRanks);
+  wait_for_previous_grid();
   for (int d = tid; d < qk; d += kThreads) q[d] = a.query[pair * qk + d];
   __syncthreads();
   const MlaMatrix w_uk{a.w_uk, a.weights_bf16, h * qk * rank};
@@ -742,15 +762,16 @@ __global__ void __launch_bounds__(kThreads) merge_parts_kernel(SparseMlaDeviceAr
 constexpr int kProjectRows = 32;
 
 __global__ void __launch_bounds__(kThreads) project_merged_kernel(SparseMlaDeviceArgs a) {
-  wait_for_previous_grid();
   extern __shared__ float4 shared_vectors[];
   const int rank = static_cast<int>(a.kv_lora_rank), vd = static_cast<int>(a.v_head_dim);
   const int64_t pair = blockIdx.x, t = pair / a.num_heads, h = pair % a.num_heads;
+  const int first = static_cast<int>(blockIdx.y) * kProjectRows, last = min(vd, first + kProjectRows);
+  prefetch_head_rows(a, a.w_uv, h, vd, first, last, 0, rank);
+  wait_for_previous_grid();
   float* o_latent = reinterpret_cast<float*>(shared_vectors);
   for (int r = threadIdx.x; r < rank; r += kThreads) o_latent[r] = a.scratch[pair * rank + r];
   __syncthreads();
-  const int first = static_cast<int>(blockIdx.y) * kProjectRows;
-  project_values(a, t, h, o_latent, first, min(vd, first + kProjectRows));
+  project_values(a, t, h, o_latent, first, last);
 }
 
 // ---- Prefill attention on the tensor cores ----

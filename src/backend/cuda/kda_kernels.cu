@@ -408,7 +408,8 @@ constexpr size_t kda_decode_shared_bytes() {
 
 template <int D>
 __global__ void __launch_bounds__(8 * D) kda_decode_kernel(KdaDecodeDeviceArgs a, DecodeStates states) {
-  __shared__ float qkv[3 * D], lows[2 * D], gates[D], out_gate[D], attended[D], reduce[32];
+  __shared__ float qkv[3 * D], lows[2 * D], gates[D], gate_bias[D], o_norm[D], out_gate[D], attended[D], reduce[32];
+  __shared__ float a_log;
   extern __shared__ uint4 gate_rows_vectors[];
   const auto* gate_rows = reinterpret_cast<const __nv_bfloat16*>(gate_rows_vectors);  // [f_b rows; g_b rows]
   const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, column0 = (tid / 32) * kColumnsPerWarp;
@@ -424,6 +425,19 @@ __global__ void __launch_bounds__(8 * D) kda_decode_kernel(KdaDecodeDeviceArgs a
   copy_async_commit();
   float* state = states.recurrent[s] + h * D * D;
   StateColumns<D> columns = load_columns<D>(state, column0, lane);
+  // The constants read after the wait: the conv's weights and state slots (prefetched), the gates' and the norm's.
+  if (tid == 0) a_log = a.a_log[h];
+  if (tid < D) {
+    gate_bias[tid] = a.dt_bias[h * D + tid];
+    o_norm[tid] = a.o_norm[tid];
+  }
+  if (tid < 3 * D) {
+    const int part = tid / D, c = tid % D;
+    const float* weight = part == 0 ? a.q_conv : part == 1 ? a.k_conv : a.v_conv;
+    prefetch_line_to_l2(weight + (h * D + c) * a.conv_kernel);
+    const float* conv_state = states.conv[s] + part * (a.conv_kernel - 1) * C + h * D + c;
+    for (int j = 0; j + 1 < a.conv_kernel; ++j) prefetch_line_to_l2(conv_state + j * C);
+  }
   wait_for_previous_grid();
 
   if (tid < 3 * D) {
@@ -453,7 +467,7 @@ __global__ void __launch_bounds__(8 * D) kda_decode_kernel(KdaDecodeDeviceArgs a
     sum = warp_sum(sum);
     if (lane == 0) {
       if (forget) {
-        gates[c] = forget_gate(sum, a.a_log[h], a.dt_bias[h * D + c], a.bounded, a.lower_bound);
+        gates[c] = forget_gate(sum, a_log, gate_bias[c], a.bounded, a.lower_bound);
       } else {
         out_gate[c] = sum;
       }
@@ -479,7 +493,7 @@ __global__ void __launch_bounds__(8 * D) kda_decode_kernel(KdaDecodeDeviceArgs a
   __syncthreads();  // every warp's columns of `attended` written
   const float value = tid < D ? attended[tid] : 0.0f;
   const float inv_rms = 1.0f / sqrtf(block_sum(value * value, reduce) / static_cast<float>(D) + a.eps);
-  if (tid < D) a.out[row + tid] = a.o_norm[tid] * (value * inv_rms) / (1.0f + expf(-out_gate[tid]));
+  if (tid < D) a.out[row + tid] = o_norm[tid] * (value * inv_rms) / (1.0f + expf(-out_gate[tid]));
 }
 
 }  // namespace

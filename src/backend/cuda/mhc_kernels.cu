@@ -2,6 +2,7 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <type_traits>
 
@@ -141,11 +142,12 @@ __device__ __forceinline__ float weight_value(const W* w, int64_t i) {
   }
 }
 
-// The site's first launch, grid (slices, T). Thread e of a block owns stream i = e / 64 at channel
+// The few-token site's first part, grid (slices, T). Thread e of a block owns stream i = e / 64 at channel
 // d = slice * 64 + e % 64: it applies the pending post-mix to its element in place and the block writes its slice's
-// shares (share_rows) to partials[t, row, slice] (a row's slices adjacent, for the collapse's loads).
-template <typename W>
-__global__ void __launch_bounds__(kThreads) mhc_site_shares_kernel(MhcSiteArgs a) {
+// shares (share_rows) to partials[t, row, slice] (a row's slices adjacent, for the collapse's loads). It waits for
+// the previous grid itself, after requesting fn.
+template <typename W, bool kLetNextLaunch = true>
+__device__ __forceinline__ void site_shares(const MhcSiteArgs& a) {
   __shared__ float shares[kThreads / 32][kMaxShareRows];
   __shared__ float values[kThreads];
   const int64_t t = blockIdx.y, slice = blockIdx.x, slices = gridDim.x;
@@ -160,7 +162,11 @@ __global__ void __launch_bounds__(kThreads) mhc_site_shares_kernel(MhcSiteArgs a
   float weights[kMaxSiteMix];
 #pragma unroll
   for (int r = 0; r < kMaxSiteMix; ++r) weights[r] = active && r < mix ? weight_value(fn, r * width + i * D + d) : 0.0f;
-  wait_for_previous_grid();
+  if constexpr (kLetNextLaunch) {
+    wait_for_previous_grid();
+  } else {
+    wait_for_previous_grid_only();
+  }
 
   // The pending post-mix of this thread's element, in mhc_post's order; every element of the slice is read before
   // any is written.
@@ -198,6 +204,11 @@ __global__ void __launch_bounds__(kThreads) mhc_site_shares_kernel(MhcSiteArgs a
     for (unsigned w = 0; w < kThreads / 32; ++w) sum += shares[w][threadIdx.x];
     a.partials[(t * rows + threadIdx.x) * slices + slice] = sum;
   }
+}
+
+template <typename W>
+__global__ void __launch_bounds__(kThreads) mhc_site_shares_kernel(MhcSiteArgs a) {
+  site_shares<W>(a);
 }
 
 // Up to this many tokens a site runs a block per (slice, token); above, tiles of tokens (mhc_site).
@@ -402,21 +413,45 @@ __device__ __forceinline__ float collapsed_inv_norm(const float* totals, const f
   return 1.0f / sqrtf(static_cast<float>(collapsed_squares) / static_cast<float>(D) + rms_eps);
 }
 
-// The site's second launch, same grid: every block sums the token's shares in slice order (so every block holds the
-// same totals), collapses its 64 channels with the pre weights and normalises them with the rms that pre^T G pre
-// gives; slice 0's first warp computes post and comb meanwhile.
-__global__ void __launch_bounds__(kThreads) mhc_site_collapse_kernel(MhcSiteArgs a) {
+// The channel of its slice that a thread of the few-token site's second part collapses: the last two warps', so that
+// the first can run the Sinkhorn passes alongside; -1 for the other threads.
+__device__ __forceinline__ int64_t site_collapse_channel(const MhcSiteArgs& a) {
+  const int64_t e = static_cast<int64_t>(threadIdx.x) - (kThreads - kSiteChannels), d = blockIdx.x * kSiteChannels + e;
+  return e >= 0 && d < a.hidden ? d : -1;
+}
+
+// The constants the second part reads, requested before the wait (no kernel writes them): after it, their loads
+// would queue behind the first weights that the next product's blocks request as they start. The thread's norm
+// weight, and the mixes' base and scales in shared memory (read after a __syncthreads).
+struct SiteConstants {
+  float norm_weight;
+  float* base;   // shared [kMaxSiteMix]
+  float* scale;  // shared [3]
+};
+__device__ __forceinline__ SiteConstants site_constants(const MhcSiteArgs& a) {
+  __shared__ float base[kMaxSiteMix];
+  __shared__ float scale[3];
+  const int mix = static_cast<int>((2 + a.hc_mult) * a.hc_mult);
+  if (threadIdx.x < mix) base[threadIdx.x] = a.base[threadIdx.x];
+  if (threadIdx.x < 3) scale[threadIdx.x] = a.scale[threadIdx.x];
+  const int64_t d = site_collapse_channel(a);
+  return SiteConstants{.norm_weight = d >= 0 && a.norm_weight != nullptr ? a.norm_weight[d] : 1.0f,
+                       .base = base,
+                       .scale = scale};
+}
+
+// The few-token site's second part, same grid, once every block's shares are written: every block sums the token's
+// shares in slice order (so every block holds the same totals; read through L2, as other blocks of the same grid may
+// have written them), collapses its 64 channels with the pre weights and normalises them with the rms that
+// pre^T G pre gives; slice 0's first warp computes post and comb meanwhile.
+__device__ __forceinline__ void site_collapse(const MhcSiteArgs& a, const SiteConstants& constants) {
   __shared__ float totals[kMaxShareRows];
   __shared__ float mixes[kMaxSiteMix];
   __shared__ float pre[kMaxHcMult];
   const int64_t t = blockIdx.y, slice = blockIdx.x, slices = gridDim.x;
   const int64_t hc = a.hc_mult, D = a.hidden, mix = (2 + hc) * hc, width = hc * D, rows = share_rows(hc);
   const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x / 32u;
-  // The last two warps collapse, so that the first can run the Sinkhorn passes alongside.
-  const int64_t e = static_cast<int64_t>(threadIdx.x) - (kThreads - kSiteChannels), d = slice * kSiteChannels + e;
-  const bool collapses = e >= 0 && d < D;
-  const float norm_weight = collapses && a.norm_weight != nullptr ? a.norm_weight[d] : 1.0f;
-  wait_for_previous_grid();
+  const int64_t d = site_collapse_channel(a);
 
   // Warp w sums rows w, w + 8, ...: every load is issued before the first sum is needed (lane l adds slices l,
   // l + 32, ... in order, then the warp's butterfly).
@@ -430,7 +465,7 @@ __global__ void __launch_bounds__(kThreads) mhc_site_collapse_kernel(MhcSiteArgs
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int64_t s = s0 + lane + 32 * half;
-        if (r < rows && s < slices) sums[j] += shares[r * slices + s];
+        if (r < rows && s < slices) sums[j] += __ldcg(shares + r * slices + s);
       }
     }
   }
@@ -446,15 +481,17 @@ __global__ void __launch_bounds__(kThreads) mhc_site_collapse_kernel(MhcSiteArgs
   const float inv_rms = 1.0f / sqrtf(squares / static_cast<float>(width) + a.rms_eps);
   if (threadIdx.x < mix) mixes[threadIdx.x] = totals[threadIdx.x] * inv_rms;
   __syncthreads();
-  if (threadIdx.x < hc) pre[threadIdx.x] = pre_weight(mixes, a.base, a.scale, a.hc_eps, static_cast<int>(threadIdx.x));
+  if (threadIdx.x < hc) {
+    pre[threadIdx.x] = pre_weight(mixes, constants.base, constants.scale, a.hc_eps, static_cast<int>(threadIdx.x));
+  }
   __syncthreads();
 
   if (slice == 0 && warp == 0) {
     float* comb = a.comb + t * hc * hc;
-    site_weights_by_warp(mixes, a.base, a.scale, static_cast<int>(hc), a.hc_eps, a.sinkhorn_iters, nullptr, comb,
-                         a.post + t * hc);
+    site_weights_by_warp(mixes, constants.base, constants.scale, static_cast<int>(hc), a.hc_eps, a.sinkhorn_iters,
+                         nullptr, comb, a.post + t * hc);
   }
-  if (!collapses) return;
+  if (d < 0) return;
   const float* x = a.streams + t * width;
   float collapsed = 0.0f;
 #pragma unroll
@@ -463,7 +500,51 @@ __global__ void __launch_bounds__(kThreads) mhc_site_collapse_kernel(MhcSiteArgs
   }
   const float inv_norm = collapsed_inv_norm(totals, pre, hc, D, a.rms_eps);
   a.collapsed[t * D + d] = collapsed;
-  a.normed[t * D + d] = norm_weight * (collapsed * inv_norm);
+  a.normed[t * D + d] = constants.norm_weight * (collapsed * inv_norm);
+}
+
+__global__ void __launch_bounds__(kThreads) mhc_site_collapse_kernel(MhcSiteArgs a) {
+  const SiteConstants constants = site_constants(a);
+  wait_for_previous_grid();
+  site_collapse(a, constants);
+}
+
+__device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
+  unsigned v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// Every block of the grid waits here until all have arrived; the grid must fit on the GPU at once. counts[0] counts
+// the arrivals, counts[1] the departures, and the last to leave zeroes both for the next grid.
+__device__ void grid_barrier(unsigned* counts) {
+  const unsigned blocks = gridDim.x * gridDim.y * gridDim.z;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();  // the block's writes are visible before its arrival counts
+    atomicAdd(&counts[0], 1u);
+    while (load_acquire(&counts[0]) < blocks) {
+    }
+    __threadfence();
+    if (atomicAdd(&counts[1], 1u) == blocks - 1) {
+      atomicExch(&counts[0], 0u);
+      atomicExch(&counts[1], 0u);
+    }
+  }
+  __syncthreads();
+}
+
+// Both parts in one launch, a grid barrier between them where the kernel boundary was: the site's chain loses a
+// launch's drain and start (the grid is at most what the GPU holds at once: mhc_site checks). The next grid launches
+// once every block is past the barrier, so its blocks take no SM that one of these still waits for, and its first
+// weights do not compete with the shares' loads.
+template <typename W>
+__global__ void __launch_bounds__(kThreads) mhc_site_one_launch_kernel(MhcSiteArgs a) {
+  const SiteConstants constants = site_constants(a);
+  site_shares<W, false>(a);
+  grid_barrier(a.barrier);
+  let_next_grid_launch();
+  site_collapse(a, constants);
 }
 
 // Channels of its token a lane of mhc_tile_collapse_kernel loads at once.
@@ -545,6 +626,30 @@ __global__ void __launch_bounds__(kThreads) mhc_tile_collapse_kernel(MhcSiteArgs
 
 int64_t site_slices(int64_t hidden) { return (hidden + kSiteChannels - 1) / kSiteChannels; }
 
+// The one-launch site when its grid fits on the GPU at once (the barrier needs every block resident), else the
+// two launches. The fit is asked once per kernel and process (one kind of GPU).
+template <typename W>
+cudaError_t launch_one_site(dim3 grid, const MhcSiteArgs& a, cudaStream_t stream) {
+  const auto kernel = mhc_site_one_launch_kernel<W>;
+  static std::atomic<int> resident{0};  // blocks the GPU holds at once; 0: not asked yet
+  int capacity = resident.load(std::memory_order_relaxed);
+  if (capacity == 0) {
+    int device = 0, sms = 0, per_sm = 0;
+    cudaError_t status = cudaGetDevice(&device);
+    if (status == cudaSuccess) status = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    if (status == cudaSuccess) status = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0);
+    if (status != cudaSuccess) return status;
+    capacity = std::max(1, sms * per_sm);
+    resident.store(capacity, std::memory_order_relaxed);
+  }
+  if (static_cast<int64_t>(grid.x) * grid.y <= capacity) {
+    return launch_dependent(kernel, grid, dim3(kThreads), 0, stream, a);
+  }
+  MhcSiteArgs two_launches = a;
+  two_launches.barrier = nullptr;
+  return mhc_site(two_launches, stream);
+}
+
 }  // namespace
 
 cudaError_t mhc_mix(const MhcMixArgs& args, cudaStream_t stream) {
@@ -591,6 +696,20 @@ cudaError_t mhc_site(const MhcSiteArgs& a, cudaStream_t stream) {
     const auto tiles = static_cast<unsigned>((a.num_tokens + kTileTokens - 1) / kTileTokens);
     return launch_dependent(tile_kernel, dim3(static_cast<unsigned>(slices), tiles), dim3(kThreads), shared, stream, a);
   };
+  // A few tokens with the barrier's counters, when the grid fits on the GPU at once: one launch.
+  if (!tiled && a.barrier != nullptr) {
+    const dim3 grid(static_cast<unsigned>(slices), tokens);
+    switch (a.fn_type) {
+      case DenseWeightType::f32:
+        return launch_one_site<float>(grid, a, stream);
+      case DenseWeightType::f16:
+        return launch_one_site<__half>(grid, a, stream);
+      case DenseWeightType::bf16:
+        return launch_one_site<__nv_bfloat16>(grid, a, stream);
+      case DenseWeightType::f8_e4m3:
+        break;
+    }
+  }
   // Dependent launches: the shares' fn loads overlap the previous kernel's tail, the collapse's start the shares'.
   cudaError_t status = cudaErrorInvalidValue;
   switch (a.fn_type) {

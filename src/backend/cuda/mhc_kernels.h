@@ -40,8 +40,8 @@ cudaError_t mhc_post(const float* post, const float* comb, const float* block_ou
 // (fn · streams) / rms, so the norm needs no pass of its own. The second sums a token's shares in slice order,
 // computes the pre weights as mhc_mix does, collapses the streams and normalises the result by the rms that the Gram
 // matrix gives, and computes post and comb. Up to 16 tokens both launches run a block per (slice, token), fn's slice
-// in each block's registers; above, the first runs tiles of 64 tokens a slice (fn's slice read once a tile) and the
-// second a warp per token.
+// in each block's registers (with `barrier`, as one launch); above, the first runs tiles of 64 tokens a slice (fn's
+// slice read once a tile) and the second a warp per token.
 struct MhcSiteArgs {
   int64_t num_tokens = 0, hc_mult = 0, hidden = 0;
   float rms_eps = 0.0f, hc_eps = 0.0f;
@@ -60,6 +60,9 @@ struct MhcSiteArgs {
   float* collapsed = nullptr;        // [T, hidden]
   float* normed = nullptr;           // [T, hidden]
   float* partials = nullptr;         // mhc_site_scratch_floats(T, hc, hidden)
+  // Two zeroed counters, left zeroed: up to 16 tokens the site then runs as one launch, with a barrier across the
+  // grid between its parts, where the grid fits on the GPU at once. Null: two launches.
+  unsigned* barrier = nullptr;
 };
 int64_t mhc_site_scratch_floats(int64_t num_tokens, int64_t hc_mult, int64_t hidden);
 cudaError_t mhc_site(const MhcSiteArgs& args, cudaStream_t stream);

@@ -12,17 +12,25 @@ constexpr int kThreads = 256;
 // so the loads' latency is the kernel's), up to 4096 elements a pass.
 constexpr int kHeld = 16;
 
-// gate == nullptr: plain RMSNorm. A thread sums its elements i = threadIdx.x + k * blockDim.x in k order.
+// gate == nullptr: plain RMSNorm. A thread sums its elements i = threadIdx.x + k * blockDim.x in k order. The
+// weights of the first pass (a decode step's whole row) are requested before the wait and the next kernel launches
+// once the row is summed: loads after that would queue behind the first weights its blocks request as they start.
 __global__ void __launch_bounds__(kThreads)
     rms_norm_rows(const float* x, int64_t n, const float* weight, const float* gate, float eps, float* y) {
   __shared__ float shared[32];
-  wait_for_previous_grid();
+  const int64_t pass = kHeld * static_cast<int64_t>(blockDim.x);
+  const bool one_pass = n <= pass;  // held and first_weights hold the row's values at the end
+  float held[kHeld], first_weights[kHeld];
+#pragma unroll
+  for (int k = 0; k < kHeld; ++k) {
+    const int64_t i = threadIdx.x + k * static_cast<int64_t>(blockDim.x);
+    first_weights[k] = weight != nullptr && i < n ? weight[i] : 1.0f;
+  }
+  wait_for_previous_grid_only();
   const float* in = x + blockIdx.x * n;
   float* out = y + blockIdx.x * n;
-  const int64_t pass = kHeld * static_cast<int64_t>(blockDim.x);
   float sum_squares = 0.0f;
   for (int64_t first = threadIdx.x; first < n; first += pass) {
-    float held[kHeld];
 #pragma unroll
     for (int k = 0; k < kHeld; ++k) {
       const int64_t i = first + k * static_cast<int64_t>(blockDim.x);
@@ -32,12 +40,14 @@ __global__ void __launch_bounds__(kThreads)
     for (int k = 0; k < kHeld; ++k) sum_squares += held[k] * held[k];
   }
   const float inv_rms = 1.0f / sqrtf(block_sum(sum_squares, shared) / static_cast<float>(n) + eps);
+  let_next_grid_launch();
   for (int64_t first = threadIdx.x; first < n; first += pass) {
 #pragma unroll
     for (int k = 0; k < kHeld; ++k) {
       const int64_t i = first + k * static_cast<int64_t>(blockDim.x);
       if (i >= n) break;
-      float v = (weight ? weight[i] : 1.0f) * (in[i] * inv_rms);
+      const float w = one_pass ? first_weights[k] : weight != nullptr ? weight[i] : 1.0f;
+      float v = w * ((one_pass ? held[k] : in[i]) * inv_rms);
       if (gate) v *= 1.0f / (1.0f + expf(-gate[blockIdx.x * n + i]));
       out[i] = v;
     }
@@ -53,10 +63,16 @@ constexpr int kRowsPerBlock = kThreads / 32;
 __global__ void __launch_bounds__(kThreads) rms_norm_warp_rows(const float* x, int64_t rows, int64_t n,
                                                                const float* weight, const float* gate, float eps,
                                                                float* y) {
-  wait_for_previous_grid();
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
   const int lane = static_cast<int>(threadIdx.x & 31u);
-  if (row >= rows) return;
+  float weights[kWarpHeld];  // before the wait, as rms_norm_rows'
+#pragma unroll
+  for (int k = 0; k < kWarpHeld; ++k) {
+    const int64_t i = lane + 32 * k;
+    weights[k] = weight != nullptr && i < n ? weight[i] : 1.0f;
+  }
+  wait_for_previous_grid_only();
+  if (row >= rows) return;  // (an exited block lets the next grid launch)
   const float* in = x + row * n;
   float held[kWarpHeld];
   float sum_squares = 0.0f;
@@ -67,11 +83,12 @@ __global__ void __launch_bounds__(kThreads) rms_norm_warp_rows(const float* x, i
     sum_squares += held[k] * held[k];
   }
   const float inv_rms = 1.0f / sqrtf(warp_sum(sum_squares) / static_cast<float>(n) + eps);
+  let_next_grid_launch();
 #pragma unroll
   for (int k = 0; k < kWarpHeld; ++k) {
     const int64_t i = lane + 32 * k;
     if (i >= n) break;
-    float v = (weight ? weight[i] : 1.0f) * (held[k] * inv_rms);
+    float v = weights[k] * (held[k] * inv_rms);
     if (gate) v *= 1.0f / (1.0f + expf(-gate[row * n + i]));
     y[row * n + i] = v;
   }

@@ -1,5 +1,6 @@
 // Row normalisations on the GPU, matching the CPU backend's (norm.cpp, elementwise.cpp): one block per row, float32
-// throughout. x and y may be the same memory. All pointers are device memory.
+// throughout. x and y may be the same memory. All pointers are device memory; the weights are constants (no kernel in
+// flight writes them: the RMS norms request them before waiting for the previous kernel).
 #pragma once
 
 #include <cuda_runtime_api.h>

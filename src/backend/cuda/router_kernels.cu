@@ -1,5 +1,3 @@
-#include <climits>
-
 #include "backend/cuda/router_kernels.h"
 #include "backend/cuda/dependent_launch.cuh"
 
@@ -11,88 +9,88 @@ __device__ __forceinline__ bool ranks_before(float a, int ia, float b, int ib) {
   return a > b || (a == b && ia < ib);
 }
 
-// Index of the largest of v[0, n) (ties to the lower index), returned to every lane of the warp.
-__device__ int warp_best(const float* v, int n) {
-  const int lane = static_cast<int>(threadIdx.x & 31u);
-  float best = -INFINITY;
-  int index = INT_MAX;
-  for (int i = lane; i < n; i += 32) {
-    if (ranks_before(v[i], i, best, index)) {
-      best = v[i];
-      index = i;
-    }
+// How many of v[0, n) rank before v[i] (larger, or equal at a lower index), counted until `limit` is reached: an
+// entry with `limit` or more before it is not chosen, and most stop counting early. The order is total (the caller
+// has no NaN in v), so the ranks below `limit` go to distinct entries.
+__device__ int rank_of(const float* v, int n, int i, int limit) {
+  const float own = v[i];
+  int before = 0;
+  for (int j0 = 0; j0 < n && before < limit; j0 += 32) {
+    const int end = min(n, j0 + 32);
+#pragma unroll 8
+    for (int j = j0; j < end; ++j) before += ranks_before(v[j], j, own, i) ? 1 : 0;
   }
-  for (int offset = 16; offset > 0; offset >>= 1) {
-    const float other = __shfl_xor_sync(0xFFFFFFFFu, best, offset);
-    const int other_index = __shfl_xor_sync(0xFFFFFFFFu, index, offset);
-    if (ranks_before(other, other_index, best, index)) {
-      best = other;
-      index = other_index;
-    }
-  }
-  return index;
+  return before;
 }
 
-// Shared memory per token: scores, choices, the working copy the selections strike out, group scores, kept flags.
-__global__ void __launch_bounds__(32) route_kernel(RouterDeviceArgs a) {
+// Threads of a block: 256 for a decode step's few tokens (the ranks counted over the most threads), one warp for
+// many (a prefill's thousands of blocks).
+constexpr int kRouteThreads = 256;
+constexpr int64_t kRouteFewTokens = 16;
+
+// A block per token; each thread takes experts tid, tid + blockDim.x, ...: an expert is chosen as the top-k's entry r when
+// r experts rank before it, so every rank is counted at once rather than k selections one after another. Shared
+// memory: scores, the choices (the selections mask them), group scores, each group's best two, the chosen experts.
+__global__ void __launch_bounds__(kRouteThreads) route_kernel(RouterDeviceArgs a) {
   extern __shared__ float shared[];
   const int E = static_cast<int>(a.num_experts), groups = static_cast<int>(a.n_group), group_size = E / groups;
+  const int top_k = static_cast<int>(a.top_k), tid = static_cast<int>(threadIdx.x);
   float* scores = shared;
-  float* choice = scores + E;
-  float* work = choice + E;
+  float* work = scores + E;
   float* group_scores = work + E;
-  float* kept = group_scores + groups;
+  int* group_best = reinterpret_cast<int*>(group_scores + groups);  // [groups][2]
+  int* chosen = group_best + 2 * groups;                            // [top_k]
+  __shared__ float total;
   const int64_t t = blockIdx.x;
-  const int lane = static_cast<int>(threadIdx.x);
+  const int threads = static_cast<int>(blockDim.x);
+  // The bias before the wait (no kernel writes it), so that its loads do not queue behind the next kernel's.
+  for (int e = tid; e < E; e += threads) work[e] = a.correction_bias ? a.correction_bias[e] : 0.0f;
   wait_for_previous_grid();
-  for (int e = lane; e < E; e += 32) {
+  for (int e = tid; e < E; e += threads) {
     scores[e] = 1.0f / (1.0f + expf(-a.logits[t * E + e]));
-    choice[e] = work[e] = scores[e] + (a.correction_bias ? a.correction_bias[e] : 0.0f);
+    const float choice = scores[e] + work[e];
+    work[e] = isnan(choice) ? -INFINITY : choice;  // a NaN ranks last, as on the CPU
   }
-  __syncwarp();
+  __syncthreads();
   // Group masking (the topk_group groups with the best two-member sums keep their experts), unless every group is
   // kept (GLM-5.3-Flash: one group), when it would change nothing.
   if (a.topk_group < groups) {
-    for (int g = 0; g < groups; ++g) {
-      float* members = work + g * group_size;
-      const int first = warp_best(members, group_size);
-      const float top = members[first];
-      __syncwarp();
-      if (lane == 0) members[first] = -INFINITY;
-      __syncwarp();
-      const int second = warp_best(members, group_size);
-      if (lane == 0) group_scores[g] = top + members[second];
-      __syncwarp();
+    for (int e = tid; e < E; e += threads) {
+      const int g = e / group_size, r = rank_of(work + g * group_size, group_size, e - g * group_size, 2);
+      if (r < 2) group_best[2 * g + r] = e;
     }
-    for (int g = lane; g < groups; g += 32) kept[g] = 0.0f;
-    __syncwarp();
-    for (int64_t k = 0; k < a.topk_group; ++k) {
-      const int g = warp_best(group_scores, groups);
-      __syncwarp();
-      if (lane == 0) {
-        kept[g] = 1.0f;
-        group_scores[g] = -INFINITY;
-      }
-      __syncwarp();
+    __syncthreads();
+    for (int g = tid; g < groups; g += threads) {
+      const float sum = work[group_best[2 * g]] + work[group_best[2 * g + 1]];
+      group_scores[g] = isnan(sum) ? -INFINITY : sum;
     }
-    for (int e = lane; e < E; e += 32) work[e] = kept[e / group_size] != 0.0f ? choice[e] : -INFINITY;
+    __syncthreads();
+    const int kept = static_cast<int>(a.topk_group);
+    for (int g = tid; g < groups; g += threads) {
+      if (rank_of(group_scores, groups, g, kept) >= kept) group_best[2 * g] = -1;  // masked
+    }
+    __syncthreads();
+    for (int e = tid; e < E; e += threads) {
+      if (group_best[2 * (e / group_size)] < 0) work[e] = -INFINITY;
+    }
+    __syncthreads();
   }
-  __syncwarp();
-  float total = 0.0f;
-  for (int64_t i = 0; i < a.top_k; ++i) {
-    const int e = warp_best(work, E);
-    total += scores[e];
-    __syncwarp();
-    if (lane == 0) {
-      work[e] = -INFINITY;
-      a.expert_ids[t * a.top_k + i] = e;
-    }
-    __syncwarp();
+  for (int e = tid; e < E; e += threads) {
+    const int r = rank_of(work, E, e, top_k);
+    if (r < top_k) chosen[r] = e;
   }
-  // Weights in a second pass: the normalisation needs the total of all chosen scores.
-  for (int64_t i = lane; i < a.top_k; i += 32) {
-    float weight = scores[a.expert_ids[t * a.top_k + i]];
+  __syncthreads();
+  // Weights from the scores, normalised by their total summed in rank order (the CPU's).
+  if (tid == 0) {
+    float sum = 0.0f;
+    for (int i = 0; i < top_k; ++i) sum += scores[chosen[i]];
+    total = sum;
+  }
+  __syncthreads();
+  for (int i = tid; i < top_k; i += threads) {
+    float weight = scores[chosen[i]];
     if (a.norm_topk_prob) weight /= total + 1e-20f;
+    a.expert_ids[t * a.top_k + i] = chosen[i];
     a.expert_weights[t * a.top_k + i] = weight * a.routed_scaling_factor;
   }
 }
@@ -105,8 +103,9 @@ cudaError_t route_experts(const RouterDeviceArgs& a, cudaStream_t stream) {
                      a.topk_group <= a.n_group && a.top_k >= 1 && a.top_k <= a.topk_group * (a.num_experts / a.n_group);
   if (!valid) return cudaErrorInvalidValue;
   if (a.num_tokens == 0) return cudaSuccess;
-  const size_t shared = static_cast<size_t>(3 * a.num_experts + 2 * a.n_group) * sizeof(float);
-  return launch_dependent(route_kernel, dim3(static_cast<unsigned>(a.num_tokens)), dim3(32), shared, stream, a);
+  const size_t shared = static_cast<size_t>(2 * a.num_experts + 3 * a.n_group + a.top_k) * sizeof(float);
+  const unsigned threads = a.num_tokens <= kRouteFewTokens ? kRouteThreads : 32;
+  return launch_dependent(route_kernel, dim3(static_cast<unsigned>(a.num_tokens)), dim3(threads), shared, stream, a);
 }
 
 }  // namespace kestrel::cuda

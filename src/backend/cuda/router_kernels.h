@@ -1,7 +1,8 @@
 // The MoE router on the GPU, matching the CPU backend's route_experts (moe.cpp, transformers'
 // Glm5NextTextTopkRouter): sigmoid scores, the correction bias for the choice only, the best topk_group groups by the
 // sum of their two best choices, then the top_k experts (ties to the lower index), weights from the scores,
-// optionally normalised, times routed_scaling_factor. One warp per token. Pointers are device memory.
+// optionally normalised, times routed_scaling_factor; a NaN choice ranks last. One block per token. Pointers are
+// device memory.
 #pragma once
 
 #include <cuda_runtime_api.h>
