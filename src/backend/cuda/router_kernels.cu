@@ -28,9 +28,10 @@ __device__ int rank_of(const float* v, int n, int i, int limit) {
 constexpr int kRouteThreads = 256;
 constexpr int64_t kRouteFewTokens = 16;
 
-// A block per token; each thread takes experts tid, tid + blockDim.x, ...: an expert is chosen as the top-k's entry r when
-// r experts rank before it, so every rank is counted at once rather than k selections one after another. Shared
-// memory: scores, the choices (the selections mask them), group scores, each group's best two, the chosen experts.
+// A block per token; each thread takes experts tid, tid + blockDim.x, ...: an expert is chosen as the top-k's entry
+// r when r experts rank before it, so every rank is counted at once rather than k selections one after another.
+// Shared memory: scores, the choices (the selections mask them), group scores, each group's best two, the chosen
+// experts.
 __global__ void __launch_bounds__(kRouteThreads) route_kernel(RouterDeviceArgs a) {
   extern __shared__ float shared[];
   const int E = static_cast<int>(a.num_experts), groups = static_cast<int>(a.n_group), group_size = E / groups;
