@@ -11,27 +11,25 @@
 
 namespace kestrel::cuda {
 
-// Waits until the previous grid in the stream has finished and its writes are visible, then lets the next
-// dependent grid begin launching. Before it, a kernel may only read memory that no kernel writes.
-__device__ __forceinline__ void wait_for_previous_grid() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-  asm volatile("griddepcontrol.launch_dependents;");
-#endif
-}
-
-// The two halves of wait_for_previous_grid, for a short kernel on a decode step's chain of latencies: the next
-// dependent grid (a product, whose blocks request their first weights as they start) launches only once this kernel
-// has read its inputs, so that its loads do not queue behind that prefetch.
+// Waits until the previous grid in the stream has finished and its writes are visible. Before it, a kernel may only
+// read memory that no kernel writes.
 __device__ __forceinline__ void wait_for_previous_grid_only() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
 }
+// Lets the next dependent grid begin launching (once every block of this one has called it or exited).
 __device__ __forceinline__ void let_next_grid_launch() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;");
 #endif
+}
+// Both at once, what most kernels do. A short kernel on a decode step's chain of latencies calls the halves apart
+// instead: the next grid (a product, whose blocks request their first weights as they start) then launches only once
+// this kernel has read its inputs, so that its loads do not queue behind that prefetch.
+__device__ __forceinline__ void wait_for_previous_grid() {
+  wait_for_previous_grid_only();
+  let_next_grid_launch();
 }
 
 // Brings memory that no kernel in flight writes into L2 before the wait, for a short kernel that reads it after: a
