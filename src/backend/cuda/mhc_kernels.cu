@@ -147,9 +147,8 @@ __device__ __forceinline__ float weight_value(const W* w, int64_t i) {
 // shares (share_rows) to partials[t, row, slice] (a row's slices adjacent, for the collapse's loads). It waits for
 // the previous grid itself, after requesting fn.
 template <typename W, bool kLetNextLaunch = true>
-__device__ __forceinline__ void site_shares(const MhcSiteArgs& a) {
+__device__ __forceinline__ void site_shares(const MhcSiteArgs& a, float (&values)[kThreads]) {
   __shared__ float shares[kThreads / 32][kMaxShareRows];
-  __shared__ float values[kThreads];
   const int64_t t = blockIdx.y, slice = blockIdx.x, slices = gridDim.x;
   const int64_t hc = a.hc_mult, D = a.hidden, mix = (2 + hc) * hc, width = hc * D, rows = share_rows(hc);
   const int64_t i = threadIdx.x / kSiteChannels, e = threadIdx.x % kSiteChannels, d = slice * kSiteChannels + e;
@@ -208,7 +207,8 @@ __device__ __forceinline__ void site_shares(const MhcSiteArgs& a) {
 
 template <typename W>
 __global__ void __launch_bounds__(kThreads) mhc_site_shares_kernel(MhcSiteArgs a) {
-  site_shares<W>(a);
+  __shared__ float values[kThreads];
+  site_shares<W>(a, values);
 }
 
 // Up to this many tokens a site runs a block per (slice, token); above, tiles of tokens (mhc_site).
@@ -443,8 +443,10 @@ __device__ __forceinline__ SiteConstants site_constants(const MhcSiteArgs& a) {
 // The few-token site's second part, same grid, once every block's shares are written: every block sums the token's
 // shares in slice order (so every block holds the same totals; read through L2, as other blocks of the same grid may
 // have written them), collapses its 64 channels with the pre weights and normalises them with the rms that
-// pre^T G pre gives; slice 0's first warp computes post and comb meanwhile.
-__device__ __forceinline__ void site_collapse(const MhcSiteArgs& a, const SiteConstants& constants) {
+// pre^T G pre gives; slice 0's first warp computes post and comb meanwhile. In one launch the block still holds its
+// slice's post-mixed streams (slice_values, site_shares' values): read there rather than from L2 again.
+__device__ __forceinline__ void site_collapse(const MhcSiteArgs& a, const SiteConstants& constants,
+                                              const float* slice_values = nullptr) {
   __shared__ float totals[kMaxShareRows];
   __shared__ float mixes[kMaxSiteMix];
   __shared__ float pre[kMaxHcMult];
@@ -496,7 +498,10 @@ __device__ __forceinline__ void site_collapse(const MhcSiteArgs& a, const SiteCo
   float collapsed = 0.0f;
 #pragma unroll
   for (int i = 0; i < kMaxHcMult; ++i) {
-    if (i < hc) collapsed += pre[i] * x[i * D + d];
+    if (i < hc) {
+      const float xi = slice_values != nullptr ? slice_values[i * kSiteChannels + d % kSiteChannels] : x[i * D + d];
+      collapsed += pre[i] * xi;
+    }
   }
   const float inv_norm = collapsed_inv_norm(totals, pre, hc, D, a.rms_eps);
   a.collapsed[t * D + d] = collapsed;
@@ -540,11 +545,12 @@ __device__ void grid_barrier(unsigned* counts) {
 // weights do not compete with the shares' loads.
 template <typename W>
 __global__ void __launch_bounds__(kThreads) mhc_site_one_launch_kernel(MhcSiteArgs a) {
+  __shared__ float values[kThreads];
   const SiteConstants constants = site_constants(a);
-  site_shares<W, false>(a);
+  site_shares<W, false>(a, values);
   grid_barrier(a.barrier);
   let_next_grid_launch();
-  site_collapse(a, constants);
+  site_collapse(a, constants, values);
 }
 
 // Channels of its token a lane of mhc_tile_collapse_kernel loads at once.
