@@ -143,9 +143,9 @@ __device__ __forceinline__ float weight_value(const W* w, int64_t i) {
 }
 
 // The few-token site's first part, grid (slices, T). Thread e of a block owns stream i = e / 64 at channel
-// d = slice * 64 + e % 64: it applies the pending post-mix to its element in place and the block writes its slice's
-// shares (share_rows) to partials[t, row, slice] (a row's slices adjacent, for the collapse's loads). It waits for
-// the previous grid itself, after requesting fn.
+// d = slice * 64 + e % 64: it applies the pending post-mix to its element in place (and leaves it in values[e], the
+// caller's shared memory) and the block writes its slice's shares (share_rows) to partials[t, row, slice] (a row's
+// slices adjacent, for the collapse's loads). It waits for the previous grid itself, after requesting fn.
 template <typename W, bool kLetNextLaunch = true>
 __device__ __forceinline__ void site_shares(const MhcSiteArgs& a, float (&values)[kThreads]) {
   __shared__ float shares[kThreads / 32][kMaxShareRows];
