@@ -14,6 +14,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/device_linear.h"
 #include "backend/cuda/elementwise_kernels.h"
+#include "backend/cuda/exl3_kernels.h"
 #include "base/error.h"
 #include "base/numeric.h"
 #include "cuda_test_util.h"
@@ -140,6 +141,18 @@ TEST(CudaLinearTest, Exl3DecodedOnTheGpuIsBitExactWithTheCpuDecoder) {
       EXPECT_EQ(got, expected) << exl3::codebook_name(codebook) << " bits " << bits;
     }
   }
+}
+
+// The in-register GEMM's 128-row blocks take 102 KiB of shared memory: where a block may not have that (99 KiB on
+// sm_86, sm_89 and the 12.x parts), 64-row blocks (51 KiB). No GPU needed.
+TEST(CudaLinearTest, Exl3GemmTakesShortBlocksWhereSharedMemoryIsSmall) {
+  Exl3Group group;
+  group.count = 1;
+  group.members[0].num_tokens = 4096;  // 32 x 16 blocks of 128 rows for 2048 outputs: every SM has one
+  EXPECT_EQ(exl3_gemm_block_rows(group, 2048, 132, 227 * 1024), 128);
+  EXPECT_EQ(exl3_gemm_block_rows(group, 2048, 132, 99 * 1024), 64);
+  group.members[0].num_tokens = 256;  // 2 x 16 blocks of 128 rows would leave SMs idle
+  EXPECT_EQ(exl3_gemm_block_rows(group, 2048, 132, 227 * 1024), 64);
 }
 
 TEST(CudaLinearTest, Exl3GemmPathMatchesCpuForEveryCodebookAndBitrate) {

@@ -19,6 +19,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/dsa_kernels.h"
+#include "backend/cuda/dynamic_shared.cuh"
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/mla_prefill.h"
 #include "backend/cuda/mla_weights.h"
@@ -443,6 +444,16 @@ TEST(CudaDsaTest, CodedLatentsAttendAsOnTheCpu) {
   }
 }
 
+// The tensor-core prefill's block at GLM-5.3-Flash's shape (64 heads, rank 512, 2,051 positions a token) takes
+// 192 KiB of shared memory: where a block may not have that, the per-head kernels take the call. No GPU needed.
+TEST(CudaDsaTest, TensorCorePrefillNeedsItsSharedMemory) {
+  EXPECT_TRUE(sparse_mla_mma_supported(300, 64, 2051, 512, 227 * 1024));   // sm_90
+  EXPECT_FALSE(sparse_mla_mma_supported(300, 64, 2051, 512, 163 * 1024));  // sm_80
+  EXPECT_FALSE(sparse_mla_mma_supported(300, 64, 2051, 512, 99 * 1024));   // sm_86, sm_89, the 12.x parts
+  EXPECT_TRUE(sparse_mla_mma_supported(300, 4, 2051, 128, 99 * 1024));     // a smaller rank fits there (74 KiB)
+  EXPECT_FALSE(sparse_mla_mma_supported(300, 4, 2051, 96, 227 * 1024));    // a rank the kernel is not compiled for
+}
+
 // Prefill-sized calls on the tensor cores (mla_prefill.h): fp16 q̂, latents, probabilities and ô against the float32
 // CPU, in groups of 128 tokens (so a 300-token call runs as 128, 128 and 44), at GLM-5.3-Flash's shape with a bf16
 // kv_b, the nano model's, and 5 heads at rank 64 (one block's 64 rows mostly empty); a chunk deep in a 5900-token
@@ -459,7 +470,7 @@ TEST(CudaDsaTest, TensorCorePrefillMatchesCpu) {
     for (const Step step : {Step{5600, 300}, Step{0, 300}}) {
       const AttentionCall call = attention_call(cpu, shape, step, seed);
       ASSERT_TRUE(sparse_mla_mma_supported(step.num_tokens, shape.heads, call.args.positions_stride,
-                                           shape.kv_lora_rank));
+                                           shape.kv_lora_rank, max_shared_optin()));
       DeviceBuffer scratch(
           sparse_mla_prefill_scratch_bytes(kGroup, shape.heads, shape.qk_head_dim, shape.kv_lora_rank));
       sparse_mla_prefill(call.args, call.weights, gemm, scratch.data(), kGroup, nullptr);

@@ -127,13 +127,18 @@ KdaOutputs cpu_kda(const KdaInputs& in, KdaForm form) {
   return result;
 }
 
-KdaOutputs gpu_kda(const KdaInputs& in, KdaForm form) {
+// max_shared: the shared memory the recurrence may take a block (0: the device's).
+KdaOutputs gpu_kda(const KdaInputs& in, KdaForm form, size_t max_shared = 0) {
   DeviceBuffer q = to_device(in.q), k = to_device(in.k), v = to_device(in.v), g = to_device(in.g);
   DeviceBuffer beta = to_device(in.beta), state = to_device(in.state), out(in.q.size() * sizeof(float));
   const KdaDeviceArgs args{.num_tokens = in.tokens, .num_heads = in.heads, .head_dim = in.dim, .q = q.as<float>(),
                            .k = k.as<float>(), .v = v.as<float>(), .g = g.as<float>(), .beta = beta.as<float>(),
                            .state = state.as<float>(), .out = out.as<float>()};
-  check(form == KdaForm::recurrent ? kda_recurrent(args, nullptr) : kda_chunked(args, kChunkSize, nullptr), "kda");
+  if (form == KdaForm::chunked) {
+    check(kda_chunked(args, kChunkSize, nullptr), "kda");
+  } else {
+    check(max_shared > 0 ? kda_recurrent(args, nullptr, max_shared) : kda_recurrent(args, nullptr), "kda");
+  }
   return {to_host(out), to_host(state)};
 }
 
@@ -154,6 +159,16 @@ TEST(CudaKdaTest, RecurrentMatchesCpu) {
     EXPECT_LT(relative_difference(gpu.state, cpu.state), kRecurrentTolerance)
         << "dim " << s.dim << " heads " << s.heads << " tokens " << s.tokens;
   }
+}
+
+// Where a block may not have the 104 KiB of 32-token chunks at head_dim 128 (99 KiB on sm_86, sm_89 and the 12.x
+// parts), the recurrence steps through chunks of 16: 37 tokens are two of them and a partial third.
+TEST(CudaKdaTest, RecurrentInSmallerChunksMatchesCpu) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  const KdaInputs in = random_kda_inputs(37, 4, 128, 310);
+  const KdaOutputs gpu = gpu_kda(in, KdaForm::recurrent, 99 * 1024), cpu = cpu_kda(in, KdaForm::recurrent);
+  EXPECT_LT(relative_difference(gpu.out, cpu.out), kRecurrentTolerance);
+  EXPECT_LT(relative_difference(gpu.state, cpu.state), kRecurrentTolerance);
 }
 
 TEST(CudaKdaTest, ChunkedMatchesCpuChunked) {

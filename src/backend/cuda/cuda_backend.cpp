@@ -7,6 +7,7 @@
 
 #include "backend/cuda/device_experts.h"
 #include "backend/cuda/dsa_kernels.h"
+#include "backend/cuda/dynamic_shared.cuh"
 #include "backend/cuda/elementwise_kernels.h"
 #include "backend/cuda/kda_kernels.h"
 #include "backend/cuda/mhc_kernels.h"
@@ -421,7 +422,8 @@ SparseMlaDeviceArgs CudaBackend::attention_args(const SparseMlaArgs& a, const Pa
 
 void CudaBackend::sparse_mla_attention(const SparseMlaArgs& a) {
   if (gemm_.available() &&
-      cuda::sparse_mla_mma_supported(a.num_tokens, a.num_heads, a.positions_stride, a.kv_lora_rank)) {
+      cuda::sparse_mla_mma_supported(a.num_tokens, a.num_heads, a.positions_stride, a.kv_lora_rank,
+                                     cuda::max_shared_optin())) {
     const int64_t group = cuda::sparse_mla_prefill_group_tokens(a.num_heads, a.qk_head_dim, a.kv_lora_rank);
     const size_t bytes = cuda::sparse_mla_prefill_scratch_bytes(std::min(group, a.num_tokens), a.num_heads,
                                                                 a.qk_head_dim, a.kv_lora_rank);

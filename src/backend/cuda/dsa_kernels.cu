@@ -1173,12 +1173,18 @@ cudaError_t sparse_mla_attention(const SparseMlaDeviceArgs& a, cudaStream_t stre
   return cudaSuccess;
 }
 
-bool sparse_mla_mma_supported(int64_t num_tokens, int64_t num_heads, int64_t positions_stride, int64_t kv_lora_rank) {
-  const bool rank_compiled = kv_lora_rank == 64 || kv_lora_rank == 128 || kv_lora_rank == 256 || kv_lora_rank == 512;
-  // The row addresses must fit beside the rank-512 layout in the 227 KiB an sm_90 block may opt into.
-  const bool addresses_fit = positions_stride >= 0 && mma_shared_bytes<512>(positions_stride) <= 227 * 1024;
-  return rank_compiled && addresses_fit && num_tokens > 0 &&
-         sparse_mla_splits(num_tokens, num_heads, positions_stride) == 1;
+bool sparse_mla_mma_supported(int64_t num_tokens, int64_t num_heads, int64_t positions_stride, int64_t kv_lora_rank,
+                              size_t max_shared) {
+  if (positions_stride < 0 || num_tokens <= 0) return false;
+  size_t shared = 0;  // the block's layout with the row addresses, at a rank the kernel is compiled for
+  switch (kv_lora_rank) {
+    case 64: shared = mma_shared_bytes<64>(positions_stride); break;
+    case 128: shared = mma_shared_bytes<128>(positions_stride); break;
+    case 256: shared = mma_shared_bytes<256>(positions_stride); break;
+    case 512: shared = mma_shared_bytes<512>(positions_stride); break;
+    default: return false;
+  }
+  return shared <= max_shared && sparse_mla_splits(num_tokens, num_heads, positions_stride) == 1;
 }
 
 cudaError_t sparse_mla_mma_attend(const SparseMlaDeviceArgs& a, void* qhat, cudaStream_t stream) {

@@ -137,8 +137,11 @@ cudaError_t sparse_mla_attention_steps(const SparseMlaDeviceArgs& args, const in
                                        cudaStream_t stream);
 
 // Prefill on the tensor cores (mla_prefill.h runs it between two per-head products): whether a call of this shape
-// takes it (one that sparse_mla_splits leaves in one part, at a rank the kernel is compiled for: 64, 128, 256, 512).
-bool sparse_mla_mma_supported(int64_t num_tokens, int64_t num_heads, int64_t positions_stride, int64_t kv_lora_rank);
+// takes it (one that sparse_mla_splits leaves in one part, at a rank the kernel is compiled for: 64, 128, 256, 512,
+// whose block fits in max_shared bytes of shared memory: 192 KiB at GLM-5.3-Flash's shape, which sm_90 has and
+// sm_80, sm_86, sm_89 and the 12.x parts have not; there the per-head kernels take the call).
+bool sparse_mla_mma_supported(int64_t num_tokens, int64_t num_heads, int64_t positions_stride, int64_t kv_lora_rank,
+                              size_t max_shared);
 // The attention itself: qhat is fp16 [num_tokens, num_heads, kv_lora_rank], each token's q̂ already times the
 // softmax scale; the token attends over its selected latent rows (taken in fp16) with float32 products, and its
 // normalised ô replaces q̂ in place (zeros for a token with no positions). args.query, w_uk, w_uv, out and scratch are

@@ -691,18 +691,20 @@ cudaError_t exl3_decode_rotated(const Exl3DeviceView& m, const Exl3Group& group,
   return cudaGetLastError();
 }
 
+int exl3_gemm_block_rows(const Exl3Group& group, int64_t out_padded, int sm_count, size_t max_shared) {
+  // 128-row blocks where they still give every SM a block (an H100 sweep, docs/benchmarks/cuda_linear.md: 4096 ->
+  // 2048 at 4,096 tokens 287 against 350 µs, at 256 tokens 81 against 57).
+  int64_t long_blocks = 0;
+  for (int i = 0; i < group.count; ++i) long_blocks += (group.members[i].num_tokens + 127) / 128 * (out_padded / 128);
+  return long_blocks >= sm_count && gemm_shared_bytes(128) <= max_shared ? 128 : 64;
+}
+
 cudaError_t exl3_trellis_gemm(const Exl3DeviceView& m, const Exl3Group& group, int sm_count, cudaStream_t stream) {
   if (!launchable(m) || !valid_group(group)) return cudaErrorInvalidValue;
   const int64_t rows = most_tokens(group);
   if (rows == 0) return cudaSuccess;
-  // 128-row blocks where they still give every SM a block (an H100 sweep, docs/benchmarks/cuda_linear.md: 4096 ->
-  // 2048 at 4,096 tokens 287 against 350 µs, at 256 tokens 81 against 57).
-  int64_t long_blocks = 0;
-  for (int i = 0; i < group.count; ++i) {
-    long_blocks += (group.members[i].num_tokens + 127) / 128 * (m.out_padded / 128);
-  }
-  const bool long_rows = long_blocks >= sm_count;
-  const int64_t block_rows = long_rows ? 128 : 64;
+  const int64_t block_rows = exl3_gemm_block_rows(group, m.out_padded, sm_count, max_shared_optin());
+  const bool long_rows = block_rows == 128;
   const dim3 grid(static_cast<unsigned>((rows + block_rows - 1) / block_rows),
                   static_cast<unsigned>(m.out_padded / 128), static_cast<unsigned>(group.count));
   cudaError_t status = cudaSuccess;

@@ -108,7 +108,10 @@ struct Exl3Group {
 };
 // shape gives the members' size, bits and codebook (its pointers are not used).
 cudaError_t exl3_rotate_inputs(const Exl3DeviceView& shape, const Exl3Group& group, cudaStream_t stream);
-// sm_count (the device's) chooses the block rows: 128 where that still gives every SM a block, else 64.
+// The GEMM's block rows: 128 where that still gives every SM a block and the block's 102 KiB of shared memory fit
+// in max_shared (sm_90's 227 KiB do, the 99 KiB of sm_86, sm_89 and the 12.x parts do not), else 64 (51 KiB).
+int exl3_gemm_block_rows(const Exl3Group& group, int64_t out_padded, int sm_count, size_t max_shared);
+// sm_count (the device's) and its shared memory choose the block rows (exl3_gemm_block_rows).
 cudaError_t exl3_trellis_gemm(const Exl3DeviceView& shape, const Exl3Group& group, int sm_count, cudaStream_t stream);
 cudaError_t exl3_decode_rotated(const Exl3DeviceView& shape, const Exl3Group& group, cudaStream_t stream);
 cudaError_t exl3_rotate_outputs(const Exl3DeviceView& shape, const Exl3Group& group, cudaStream_t stream);

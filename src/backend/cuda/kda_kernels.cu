@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "backend/cuda/block_reduce.cuh"
 #include "backend/cuda/dependent_launch.cuh"
@@ -269,8 +270,10 @@ __device__ __forceinline__ float delta_rule_token(const TokenInputs<D>& in, Stat
 
 // Tokens a block normalises together before stepping through them: every warp of a block works on the same head,
 // so the norms of q and k and exp(g) are computed once per block and token (by one warp) rather than by each of
-// its 8 warps, which left the recurrence bound on issuing those instructions.
+// its 8 warps, which left the recurrence bound on issuing those instructions. 32 at head_dim 128 take 104 KiB of
+// shared memory; where a block may not have that (99 KiB on sm_86, sm_89 and the 12.x parts), chunks of 16.
 constexpr int kRecurrentChunk = 32;
+constexpr int kSmallRecurrentChunk = 16;
 
 // The lane's key rows lane + 32 i of a row of D values in shared memory; rows past D (a head_dim below 32) read
 // `fill`.
@@ -283,27 +286,32 @@ __device__ __forceinline__ void lane_key_rows(const float (&row)[D], int lane, f
 
 // A chunk's normalised inputs as the block shares them: q, k and the decay per token and key row, v of the block's
 // 32 columns, beta and k . q.
-template <int D>
+template <int D, int Chunk>
 struct RecurrentChunk {
-  float q[kRecurrentChunk][D], k[kRecurrentChunk][D], decay[kRecurrentChunk][D];
-  float v[kRecurrentChunk][kColumnsPerWarp * kWarpsPerBlock], beta[kRecurrentChunk], kq[kRecurrentChunk];
+  float q[Chunk][D], k[Chunk][D], decay[Chunk][D];
+  float v[Chunk][kColumnsPerWarp * kWarpsPerBlock], beta[Chunk], kq[Chunk];
 };
 
 // A chunk's inputs as loaded, before normalising: q, k and g per token and key row, v of the block's 32 columns.
-template <int D>
+template <int D, int Chunk>
 struct RecurrentLoads {
-  float q[kRecurrentChunk][D], k[kRecurrentChunk][D], g[kRecurrentChunk][D];
-  float v[kRecurrentChunk][kColumnsPerWarp * kWarpsPerBlock];
+  float q[Chunk][D], k[Chunk][D], g[Chunk][D];
+  float v[Chunk][kColumnsPerWarp * kWarpsPerBlock];
 };
+
+template <int D, int Chunk>
+constexpr size_t recurrent_shared_bytes() {
+  return sizeof(RecurrentChunk<D, Chunk>) + sizeof(RecurrentLoads<D, Chunk>);
+}
 
 // Head blockIdx.x; each warp owns value columns [column0, column0 + 4) and every key row, in registers for the
 // whole call. Chunk by chunk, warp w normalises tokens w, w + 8, ... into shared memory, then every warp steps
 // through the chunk's tokens on its columns.
-template <int D>
+template <int D, int Chunk>
 __global__ void __launch_bounds__(32 * kWarpsPerBlock, 2) kda_recurrent_kernel(KdaDeviceArgs a) {
   constexpr int kRows = rows_per_lane<D>(), kBlockColumns = kColumnsPerWarp * kWarpsPerBlock;
   extern __shared__ __align__(16) unsigned char chunk_bytes[];
-  auto& chunk = *reinterpret_cast<RecurrentChunk<D>*>(chunk_bytes);
+  auto& chunk = *reinterpret_cast<RecurrentChunk<D, Chunk>*>(chunk_bytes);
   const int lane = static_cast<int>(threadIdx.x & 31u), warp = static_cast<int>(threadIdx.x / 32);
   const int64_t h = blockIdx.x;
   const int block_column0 = static_cast<int>(blockIdx.y) * kBlockColumns, column0 = block_column0 + warp * kColumnsPerWarp;
@@ -313,8 +321,8 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock, 2) kda_recurrent_kernel(K
   if (owns_columns) columns = load_columns<D>(state, column0, lane);
   // Warp w normalises tokens w, w + 8, ... of each chunk. Their inputs are copied into shared memory (cp.async;
   // beta into a register) while the block steps through the chunk before, so that a chunk's start waits on no load.
-  constexpr int kTokensPerWarp = kRecurrentChunk / kWarpsPerBlock;
-  auto& loads = *reinterpret_cast<RecurrentLoads<D>*>(chunk_bytes + sizeof(RecurrentChunk<D>));
+  constexpr int kTokensPerWarp = Chunk / kWarpsPerBlock;
+  auto& loads = *reinterpret_cast<RecurrentLoads<D, Chunk>*>(chunk_bytes + sizeof(RecurrentChunk<D, Chunk>));
   float loaded_beta[kTokensPerWarp];
   const auto load_chunk = [&](int64_t c0) {
 #pragma unroll
@@ -335,8 +343,8 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock, 2) kda_recurrent_kernel(K
     copy_async_commit();
   };
   load_chunk(0);
-  for (int64_t c0 = 0; c0 < a.num_tokens; c0 += kRecurrentChunk) {
-    const int count = static_cast<int>(min(static_cast<int64_t>(kRecurrentChunk), a.num_tokens - c0));
+  for (int64_t c0 = 0; c0 < a.num_tokens; c0 += Chunk) {
+    const int count = static_cast<int>(min(static_cast<int64_t>(Chunk), a.num_tokens - c0));
     copy_async_wait_all();
     __syncwarp();  // the warp's tokens were copied by all its lanes
 #pragma unroll
@@ -363,7 +371,7 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock, 2) kda_recurrent_kernel(K
       }
     }
     __syncthreads();  // the chunk normalised, and every warp done with `loads`
-    if (c0 + kRecurrentChunk < a.num_tokens) load_chunk(c0 + kRecurrentChunk);
+    if (c0 + Chunk < a.num_tokens) load_chunk(c0 + Chunk);
     if (owns_columns) {
       // Token j + 1's inputs are read from shared memory while token j steps, off the chain from token to token.
       struct Token {
@@ -541,6 +549,10 @@ cudaError_t launch_decode_kernel(dim3 grid, const KdaDecodeDeviceArgs& args, con
 }  // namespace
 
 cudaError_t kda_recurrent(const KdaDeviceArgs& args, cudaStream_t stream) {
+  return kda_recurrent(args, stream, max_shared_optin());
+}
+
+cudaError_t kda_recurrent(const KdaDeviceArgs& args, cudaStream_t stream, size_t max_shared) {
   // The rows of q, k, g and v are copied 16 bytes at a time.
   const bool aligned = aligned_16(args.state) && aligned_16(args.q) && aligned_16(args.k) &&
                        aligned_16(args.g) && aligned_16(args.v);
@@ -554,11 +566,18 @@ cudaError_t kda_recurrent(const KdaDeviceArgs& args, cudaStream_t stream) {
     kernel<<<grid, 32 * kWarpsPerBlock, shared, stream>>>(args);
     return cudaGetLastError();
   };
+  // Chunks of 32 tokens where their shared memory fits, else of 16.
+  const auto launch_dim = [&](auto dim) {
+    constexpr int D = decltype(dim)::value;
+    constexpr size_t kLarge = recurrent_shared_bytes<D, kRecurrentChunk>();
+    if (kLarge <= max_shared) return launch(kda_recurrent_kernel<D, kRecurrentChunk>, kLarge);
+    return launch(kda_recurrent_kernel<D, kSmallRecurrentChunk>, recurrent_shared_bytes<D, kSmallRecurrentChunk>());
+  };
   switch (args.head_dim) {
-    case 16: return launch(kda_recurrent_kernel<16>, sizeof(RecurrentChunk<16>) + sizeof(RecurrentLoads<16>));
-    case 32: return launch(kda_recurrent_kernel<32>, sizeof(RecurrentChunk<32>) + sizeof(RecurrentLoads<32>));
-    case 64: return launch(kda_recurrent_kernel<64>, sizeof(RecurrentChunk<64>) + sizeof(RecurrentLoads<64>));
-    default: return launch(kda_recurrent_kernel<128>, sizeof(RecurrentChunk<128>) + sizeof(RecurrentLoads<128>));
+    case 16: return launch_dim(std::integral_constant<int, 16>{});
+    case 32: return launch_dim(std::integral_constant<int, 32>{});
+    case 64: return launch_dim(std::integral_constant<int, 64>{});
+    default: return launch_dim(std::integral_constant<int, 128>{});
   }
 }
 

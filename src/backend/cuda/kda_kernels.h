@@ -12,6 +12,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
 #include <cstdint>
 
 namespace kestrel::cuda {
@@ -70,6 +71,9 @@ cudaError_t kda_gate(const float* f, int64_t num_tokens, int64_t num_heads, int6
 // S = diag(exp(g)) S; delta = (v - S^T k) * beta; S += k delta^T; out = S^T q. head_dim must be 16, 32, 64 or 128
 // (the model uses 128, the test fixtures 16) and state, q, k, g and v 16-byte aligned, else cudaErrorInvalidValue.
 cudaError_t kda_recurrent(const KdaDeviceArgs& args, cudaStream_t stream);
+// The same with the shared memory a block may take given (the overload above asks the device): chunks of 32 tokens
+// where they fit (104 KiB at head_dim 128), else of 16, as on sm_86, sm_89 and the 12.x parts.
+cudaError_t kda_recurrent(const KdaDeviceArgs& args, cudaStream_t stream, size_t max_shared);
 
 // A decode step of the KDA block after its projections (Backend::kda_decode_steps) in one launch per 64 sequences:
 // a block per head and sequence holds the head's state and runs the conv, the gates' second projections (its head's

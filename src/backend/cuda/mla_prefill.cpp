@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "backend/cuda/dynamic_shared.cuh"
 #include "backend/cuda/elementwise_kernels.h"
 #include "base/error.h"
 
@@ -33,8 +34,8 @@ void sparse_mla_prefill(const SparseMlaDeviceArgs& a, const DeviceMlaWeights& w,
   require(w.heads == H && w.qk_head_dim == qk && w.v_head_dim == vd && w.kv_lora_rank == rank,
           "sparse MLA prefill: weights for {} heads of {} + {} at rank {}, call for {} heads of {} + {} at rank {}",
           w.heads, w.qk_head_dim, w.v_head_dim, w.kv_lora_rank, H, qk, vd, rank);
-  require(sparse_mla_mma_supported(a.num_tokens, H, a.positions_stride, rank) && group_tokens > 0 &&
-              scratch != nullptr,
+  require(sparse_mla_mma_supported(a.num_tokens, H, a.positions_stride, rank, max_shared_optin()) &&
+              group_tokens > 0 && scratch != nullptr,
           "sparse MLA prefill: {} tokens at rank {} do not take the tensor-core path", a.num_tokens, rank);
   auto* q16 = static_cast<uint16_t*>(scratch);
   auto* qhat = reinterpret_cast<uint16_t*>(static_cast<unsigned char*>(scratch) +
